@@ -1,0 +1,75 @@
+# dispatcher: developer entry points. See README.md.
+VENV ?= .venv
+PY = $(VENV)/bin/python
+# python3.11 if there is one, else python3.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+CONFIG ?= config/dispatcher.yaml
+DEMO_PORT ?= 8080
+PYTEST_ARGS ?=
+DEFAULT_BROKER_URL = amqp://guest:guest@localhost:5672/%2F
+
+# Exits non-zero, with a message, unless something accepts TCP connections at
+# the broker's address ($RABBITMQ_URL, else the default URL).
+define BROKER_CHECK_PY
+import os, socket, sys, urllib.parse
+url = urllib.parse.urlsplit(os.environ.get("RABBITMQ_URL") or "$(DEFAULT_BROKER_URL)")
+host = url.hostname or "localhost"
+port = url.port or (5671 if url.scheme == "amqps" else 5672)
+try:
+    socket.create_connection((host, port), timeout=3).close()
+except OSError as e:
+    sys.exit(f"make: no RabbitMQ broker answers at {host}:{port} ({e}); "
+             "start one (rabbitmq-server -detached) or set RABBITMQ_URL")
+endef
+export BROKER_CHECK_PY
+
+.PHONY: all venv run publish test test-unit test-faults bench lint clean distclean
+
+all: venv
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# The demo: the bundled subscriber in the background, the service in the
+# foreground (it declares the demo queue). Ctrl-C stops both.
+run: $(VENV)/.installed
+	@$(PY) -c "$$BROKER_CHECK_PY"
+	@trap 'kill $$SUB 2>/dev/null; wait $$SUB 2>/dev/null' EXIT INT TERM; \
+	PYTHONUNBUFFERED=1 $(PY) cmd/demo_subscriber.py --port $(DEMO_PORT) & SUB=$$!; \
+	sleep 1; kill -0 $$SUB 2>/dev/null || { echo "make run: the demo subscriber did not start" >&2; exit 1; }; \
+	PYTHONUNBUFFERED=1 $(PY) -m dispatcher run --config $(CONFIG)
+
+# Publishes one demo event to the demo queue (run it while `make run` runs).
+publish: $(VENV)/.installed
+	$(PY) cmd/publish_demo.py
+
+# The whole suite, every marker included.
+test: $(VENV)/.installed
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest -m "not broker and not fault and not spark" $(PYTEST_ARGS)
+
+test-faults: $(VENV)/.installed
+	$(PY) -m pytest -m fault $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	@if test -f tests/bench/run.py; then $(PY) tests/bench/run.py; \
+	else echo "no benchmarks yet"; fi
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check dispatcher tests cmd
+	$(VENV)/bin/ruff format --check dispatcher tests cmd
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,403 @@
+"""The connection supervisor: the one thread that owns pika.
+
+It connects, opens one channel per binding (so a channel-level close of one
+binding does not disturb the others), sets prefetch, consumes, notices every
+way consumption can stop, and rebuilds with jittered exponential backoff,
+forever. Deliveries are handed to the binding's worker pool; workers hand
+their verdict back through ``settle``, which queues it and wakes the pika
+thread with ``add_callback_threadsafe`` (one wake-up per batch, not per ack).
+
+Every delivery carries the generation of the channel it arrived on. A verdict
+for a generation that is gone is dropped and counted as a stale ack: delivery
+tags restart at 1 on every channel, so sending it on the new channel would
+settle a different message (FIELD-NOTES, failure 6 and invariant 2). The
+broker redelivers the old message itself.
+
+Only this thread touches pika objects; the lock guards the few fields that
+worker threads read (current connection, generations, pending verdicts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.adapters.select_connection import SelectConnection
+
+from dispatcher.broker_params import connection_parameters
+from dispatcher.config import BindingSettings, BrokerSettings
+from dispatcher.events import AmqpMessage
+from dispatcher.handler import Action, Delivery
+from dispatcher.logs import get_logger
+from dispatcher.metrics import Metrics
+
+log = get_logger()
+
+_TICK = 1.0  # the loop proves it is alive this often (for /healthz)
+_JITTER = 0.5  # reconnect waits are scaled by a random factor in [0.5, 1.5]
+
+
+@dataclass(slots=True)
+class _Binding:
+    settings: BindingSettings
+    dispatch: Callable[[Delivery], None]
+    channel: Any = None
+    generation: int = 0
+    consumer_tag: str | None = None
+    failures: int = 0  # consecutive channel failures, for backoff
+    close_reason: str | None = None  # set when we close the channel on purpose
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    binding: _Binding
+    generation: int
+    tag: int
+    action: Action
+
+
+class Supervisor:
+    def __init__(
+        self,
+        broker: BrokerSettings,
+        metrics: Metrics,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._broker = broker
+        self._metrics = metrics
+        self._rng = rng
+        self._bindings: dict[str, _Binding] = {}
+        self._generations = itertools.count(1)
+        self._lock = threading.Lock()
+        self._verdicts: deque[_Verdict] = deque()
+        self._connection: Any = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
+        self._close_reason = "connection_lost"
+        self._was_open = False
+        self.last_tick = time.monotonic()
+
+    def add_binding(self, settings: BindingSettings, dispatch: Callable[[Delivery], None]) -> None:
+        self._bindings[settings.name] = _Binding(settings, dispatch)
+        self._metrics.register_binding(settings.name)
+
+    # ----------------------------------------------------------------- any thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def ready(self) -> bool:
+        return not self._stopping.is_set() and all(self.consumers().values())
+
+    def consumers(self) -> dict[str, bool]:
+        """Binding name -> has a live consumer."""
+        return {name: b.consumer_tag is not None for name, b in self._bindings.items()}
+
+    def settle(self, binding: str, delivery: Delivery, action: Action) -> None:
+        """Called by workers with the verdict for ``delivery``."""
+        if action is Action.LEAVE:
+            return
+        b = self._bindings[binding]
+        with self._lock:
+            if delivery.generation != b.generation:
+                stale = True
+            else:
+                stale = False
+                self._verdicts.append(_Verdict(b, delivery.generation, delivery.tag, action))
+                wake = len(self._verdicts) == 1
+                connection = self._connection
+        if stale:
+            self._count_stale(b)
+            return
+        if wake and connection is not None:
+            self._call_soon(connection, self._apply_verdicts)
+
+    def begin_shutdown(self) -> None:
+        """Not ready any more; cancel consumers so no new message arrives."""
+        self._stopping.set()
+        with self._lock:
+            connection = self._connection
+        if connection is not None:
+            self._call_soon(connection, self._cancel_consumers)
+
+    def finish(self, timeout: float) -> None:
+        """Apply what workers settled, close the connection, wait (bounded) for the thread."""
+        self._stopping.set()
+        with self._lock:
+            connection = self._connection
+        if connection is not None:
+            self._call_soon(connection, self._close)
+        self._thread.join(timeout)
+
+    @staticmethod
+    def _call_soon(connection: Any, callback: Callable[[], None]) -> None:
+        try:
+            connection.ioloop.add_callback_threadsafe(callback)
+        except Exception:  # the loop is closed: the connection is gone, and so is the need
+            pass
+
+    # ----------------------------------------------------------------- the pika thread
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            reason = self._serve_one_connection()
+            if self._stopping.is_set():
+                break
+            failures = 0 if self._was_open else failures + 1
+            self._metrics.reconnects.labels(reason).inc()
+            delay = self._backoff(failures)
+            log.warning("broker disconnected", reason=reason, retry_in_s=round(delay, 3))
+            self._stopping.wait(delay)
+        log.info("broker supervisor stopped")
+
+    def _backoff(self, failures: int) -> float:
+        reconnect = self._broker.reconnect
+        base = min(reconnect.initial_delay * (2.0 ** min(failures, 30)), reconnect.max_delay)
+        return float(min(base * (1.0 - _JITTER + 2.0 * _JITTER * self._rng()), reconnect.max_delay))
+
+    def _serve_one_connection(self) -> str:
+        self._close_reason = "connect_failed"
+        self._was_open = False
+        connection = SelectConnection(
+            connection_parameters(self._broker, "consumer"),
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_close,
+        )
+        with self._lock:
+            self._connection = connection
+        try:
+            connection.ioloop.call_later(_TICK, partial(self._tick, connection))
+            connection.ioloop.start()
+        finally:
+            with self._lock:
+                self._connection = None
+            for b in self._bindings.values():
+                self._forget_channel(b)
+            self._metrics.broker_connected.set(0)
+            self._metrics.broker_blocked.set(0)
+            connection.ioloop.close()  # frees the poller and its wake-up pipe
+        return self._close_reason
+
+    def _tick(self, connection: Any) -> None:
+        self.last_tick = time.monotonic()
+        connection.ioloop.call_later(_TICK, partial(self._tick, connection))
+
+    def _on_open(self, connection: Any) -> None:
+        self._was_open = True
+        self._close_reason = "connection_lost"
+        self._metrics.broker_connected.set(1)
+        log.info("broker connected", connection=self._broker.connection_name)
+        connection.add_on_connection_blocked_callback(self._on_blocked)
+        connection.add_on_connection_unblocked_callback(self._on_unblocked)
+        self._apply_verdicts()  # verdicts queued while disconnected are stale: count them
+        if self._stopping.is_set():
+            self._close()
+            return
+        for b in self._bindings.values():
+            self._open_channel(connection, b)
+
+    def _on_open_error(self, connection: Any, error: Exception) -> None:
+        self._close_reason = "connect_failed"
+        log.warning("broker connect failed", error=_describe(error))
+        connection.ioloop.stop()
+
+    def _on_close(self, connection: Any, reason: Exception) -> None:
+        if not self._stopping.is_set():
+            self._close_reason = _close_reason(reason, self._close_reason)
+        log.info("broker connection closed", reason=self._close_reason, detail=_describe(reason))
+        connection.ioloop.stop()
+
+    def _on_blocked(self, _connection: Any, _frame: Any) -> None:
+        self._metrics.broker_blocked.set(1)
+        log.warning("broker blocked the connection (resource alarm)")
+
+    def _on_unblocked(self, _connection: Any, _frame: Any) -> None:
+        self._metrics.broker_blocked.set(0)
+        log.info("broker unblocked the connection")
+
+    # ----------------------------------------------------------------- channels and consumers
+
+    def _open_channel(self, connection: Any, b: _Binding) -> None:
+        if self._stopping.is_set() or not connection.is_open:
+            return
+        connection.channel(on_open_callback=partial(self._on_channel_open, b))
+
+    def _on_channel_open(self, b: _Binding, channel: Any) -> None:
+        generation = next(self._generations)
+        with self._lock:
+            b.channel, b.generation, b.consumer_tag = channel, generation, None
+        channel.add_on_close_callback(partial(self._on_channel_closed, b, generation))
+        channel.add_on_cancel_callback(partial(self._on_cancelled, b, generation))
+        declare = b.settings.declare
+        if declare is None:
+            self._set_qos(b, channel, generation)
+            return
+        arguments: dict[str, Any] = {"x-queue-type": declare.type}
+        if declare.dead_letter_exchange is not None:
+            arguments["x-dead-letter-exchange"] = declare.dead_letter_exchange
+        if declare.delivery_limit is not None:
+            arguments["x-delivery-limit"] = declare.delivery_limit
+        channel.queue_declare(
+            b.settings.queue, durable=declare.durable, arguments=arguments,
+            callback=lambda _frame: self._set_qos(b, channel, generation),
+        )
+
+    def _set_qos(self, b: _Binding, channel: Any, generation: int) -> None:
+        # ordered: one unacked message at a time is what keeps queue order,
+        # retries included. Per-consumer (global_qos=False): a global qos on a
+        # quorum queue closes the connection.
+        prefetch = 1 if b.settings.ordered else b.settings.parallelism
+        channel.basic_qos(
+            prefetch_count=prefetch,
+            callback=lambda _frame: self._consume(b, channel, generation),
+        )
+
+    def _consume(self, b: _Binding, channel: Any, generation: int) -> None:
+        tag = channel.basic_consume(
+            b.settings.queue,
+            on_message_callback=partial(self._on_message, b, generation),
+            callback=lambda _frame: self._on_consuming(b, generation, tag),
+        )
+
+    def _on_consuming(self, b: _Binding, generation: int, tag: str) -> None:
+        if generation != b.generation:
+            return
+        b.consumer_tag = tag
+        b.failures = 0
+        self._metrics.consumer_up.labels(b.settings.name).set(1)
+        log.info("consumer attached", binding=b.settings.name, queue=b.settings.queue)
+
+    def _on_message(
+        self, b: _Binding, generation: int, _channel: Any, method: Any, props: Any, body: bytes
+    ) -> None:
+        message = AmqpMessage(
+            body=body,
+            headers=props.headers or {},
+            content_type=props.content_type,
+            message_id=props.message_id,
+            properties=_identity_properties(props),
+        )
+        self._metrics.inflight.labels(b.settings.name).inc()
+        b.dispatch(Delivery(generation, method.delivery_tag, bool(method.redelivered), message))
+
+    def _on_cancelled(self, b: _Binding, generation: int, _frame: Any) -> None:
+        """The broker cancelled our consumer (queue deleted, node failover)."""
+        if generation != b.generation or b.channel is None:
+            return
+        log.warning("consumer cancelled by the broker", binding=b.settings.name)
+        b.close_reason = "consumer_cancelled"
+        _close_channel(b.channel)
+
+    def _on_channel_closed(self, b: _Binding, generation: int, _channel: Any, reason: Any) -> None:
+        if generation != b.generation:
+            return
+        label = b.close_reason or "channel_closed"
+        self._forget_channel(b)
+        with self._lock:
+            connection = self._connection
+        if self._stopping.is_set() or connection is None or not connection.is_open:
+            return  # shutdown, or the connection's own close handles the rebuild
+        self._metrics.reconnects.labels(label).inc()
+        delay = self._backoff(b.failures)
+        b.failures += 1
+        log.warning(
+            "channel closed", binding=b.settings.name, reason=label, detail=_describe(reason),
+            retry_in_s=round(delay, 3),
+        )
+        connection.ioloop.call_later(delay, partial(self._open_channel, connection, b))
+
+    def _forget_channel(self, b: _Binding) -> None:
+        was_consuming = b.consumer_tag is not None
+        with self._lock:
+            b.channel, b.consumer_tag, b.close_reason = None, None, None
+        self._metrics.consumer_up.labels(b.settings.name).set(0)
+        if was_consuming:
+            log.info("consumer detached", binding=b.settings.name)
+
+    # ----------------------------------------------------------------- verdicts and shutdown
+
+    def _apply_verdicts(self) -> None:
+        with self._lock:
+            verdicts = list(self._verdicts)
+            self._verdicts.clear()
+        for v in verdicts:
+            channel = v.binding.channel
+            if channel is None or v.generation != v.binding.generation or not channel.is_open:
+                self._count_stale(v.binding)
+                continue
+            try:
+                # One verdict per delivery, never `multiple` (invariant 3).
+                if v.action is Action.ACK:
+                    channel.basic_ack(v.tag, multiple=False)
+                elif v.action is Action.REQUEUE:
+                    channel.basic_nack(v.tag, multiple=False, requeue=True)
+                else:
+                    channel.basic_reject(v.tag, requeue=False)
+            except pika.exceptions.AMQPError:
+                self._count_stale(v.binding)
+
+    def _count_stale(self, b: _Binding) -> None:
+        self._metrics.stale_acks.labels(b.settings.name).inc()
+
+    def _cancel_consumers(self) -> None:
+        for b in self._bindings.values():
+            if b.channel is not None and b.channel.is_open and b.consumer_tag is not None:
+                b.channel.basic_cancel(b.consumer_tag)
+                self._metrics.consumer_up.labels(b.settings.name).set(0)
+                log.info("consumer cancelled", binding=b.settings.name)
+
+    def _close(self) -> None:
+        self._apply_verdicts()
+        with self._lock:
+            connection = self._connection
+        if connection is None:
+            return
+        try:
+            connection.close()
+        except pika.exceptions.ConnectionWrongStateError:
+            connection.ioloop.stop()  # still opening or already closing: just leave
+
+
+def _close_channel(channel: Any) -> None:
+    try:
+        channel.close()
+    except pika.exceptions.AMQPError:
+        pass
+
+
+def _identity_properties(props: Any) -> dict[str, Any]:
+    """Properties that identify a message across redeliveries (for wrapped ids)."""
+    return {
+        name: value
+        for name in ("content_encoding", "correlation_id", "reply_to", "timestamp", "type",
+                     "app_id", "user_id")
+        if (value := getattr(props, name, None)) is not None
+    }
+
+
+def _close_reason(error: Exception, current: str) -> str:
+    """The ``dispatcher_reconnects_total`` reason for a connection close."""
+    if isinstance(error, pika.exceptions.ConnectionBlockedTimeout):
+        return "blocked_timeout"
+    if isinstance(error, pika.exceptions.AMQPHeartbeatTimeout):
+        return "heartbeat_timeout"
+    if isinstance(error, pika.exceptions.ConnectionClosedByBroker):
+        return "closed_by_broker"
+    if isinstance(error, pika.exceptions.StreamLostError):
+        return "connection_lost"
+    return current
+
+
+def _describe(error: Any) -> str:
+    return f"{type(error).__name__}: {error}"[:300]

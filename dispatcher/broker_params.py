@@ -1,0 +1,39 @@
+"""pika connection parameters from ``BrokerSettings`` (URL, heartbeat, TLS, name)."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import pika
+
+from dispatcher.config import BrokerSettings
+
+# A connect that takes longer than this is treated as failed and retried
+# with backoff; without it a black-holed SYN would stall the supervisor.
+CONNECT_TIMEOUT = 10.0
+
+
+def connection_parameters(broker: BrokerSettings, role: str) -> pika.URLParameters:
+    params = pika.URLParameters(broker.url)
+    params.heartbeat = max(1, round(broker.heartbeat))
+    params.blocked_connection_timeout = broker.blocked_timeout
+    params.connection_attempts = 1
+    params.socket_timeout = CONNECT_TIMEOUT
+    params.stack_timeout = CONNECT_TIMEOUT * 1.5
+    params.client_properties = {"connection_name": f"{broker.connection_name}-{role}"}
+    if params.ssl_options is not None or broker.url.startswith("amqps://"):
+        params.ssl_options = pika.SSLOptions(_tls_context(broker), params.host)
+    return params
+
+
+def _tls_context(broker: BrokerSettings) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=broker.tls.ca_file)
+    if broker.tls.cert_file:
+        context.load_cert_chain(broker.tls.cert_file, broker.tls.key_file)
+    return context
+
+
+def virtual_host(broker: BrokerSettings) -> str:
+    vhost: Any = pika.URLParameters(broker.url).virtual_host
+    return str(vhost)

@@ -1,0 +1,857 @@
+"""YAML + environment -> one frozen ``Settings`` tree, validated up front.
+
+The key names are the contract in PRODUCT.md ("Configuration"). Every error is
+a ``ConfigError`` naming the full key path (``bindings[0].delivery.retry``) or,
+for a value that came from the environment, the variable (``LOG_FORMAT``).
+
+Loading is two steps so other sources can feed the same validation: something
+builds a raw ``dict`` (today only the YAML file; Knative drop-in mode will
+build one from its environment variables), then ``settings_from_dict``
+applies the environment overrides and validates.
+
+Passwords never leave this module: every URL quoted in an error message or in
+``effective_config`` goes through ``redact_url``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+from urllib.parse import urlsplit
+
+import yaml
+
+from dispatcher.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T")
+
+DEFAULT_CONFIG_PATH: Final = "config/dispatcher.yaml"
+
+# Field metadata telling ``effective_config`` how to render a value back into
+# the form a user would write in the file.
+_DURATION: Final = {"render": "duration"}
+_URL: Final = {"render": "url"}
+_SIZE: Final = {"render": "size"}
+
+
+# --------------------------------------------------------------------------
+# The settings tree
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconnectSettings:
+    initial_delay: float = field(default=0.2, metadata=_DURATION)
+    max_delay: float = field(default=30.0, metadata=_DURATION)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    url: str = field(default="amqp://guest:guest@localhost:5672/%2F", metadata=_URL)
+    heartbeat: float = field(default=20.0, metadata=_DURATION)
+    connection_name: str = "dispatcher"
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    reconnect: ReconnectSettings = field(default_factory=ReconnectSettings)
+    blocked_timeout: float = field(default=60.0, metadata=_DURATION)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    listen: str = "0.0.0.0:9090"
+
+    @property
+    def host(self) -> str:
+        return _split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return _split_listen(self.listen)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownSettings:
+    grace: float = field(default=25.0, metadata=_DURATION)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    level: str = "info"
+    format: str = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareSettings:
+    durable: bool = True
+    type: str = "classic"
+    dead_letter_exchange: str | None = None
+    delivery_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverySettings:
+    retry: int = 5
+    backoff_policy: str = "exponential"
+    backoff_delay: float = field(default=0.2, metadata=_DURATION)
+    backoff_max: float = field(default=30.0, metadata=_DURATION)
+    timeout: float = field(default=10.0, metadata=_DURATION)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterSettings:
+    sink: str | None = field(default=None, metadata=_URL)
+    exchange: str | None = None
+    routing_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplySettings:
+    # ``exchange: ""`` is the AMQP default exchange (routing key = queue name),
+    # which is a real target, so only ``None`` means "no exchange".
+    exchange: str | None = None
+    routing_key: str = ""
+    url: str | None = field(default=None, metadata=_URL)
+
+
+@dataclass(frozen=True, slots=True)
+class BindingSettings:
+    name: str
+    queue: str
+    subscriber: str = field(metadata=_URL)
+    declare: DeclareSettings | None = None
+    content_mode: str = "binary"
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    parallelism: int = 10
+    # ``ordered: true`` forces prefetch 1 whatever ``parallelism`` says: with
+    # more than one message in flight a retry would overtake its successors.
+    ordered: bool = False
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    dedupe_window: float = field(default=600.0, metadata=_DURATION)
+    dead_letter: DeadLetterSettings = field(default_factory=DeadLetterSettings)
+    reply: ReplySettings = field(default_factory=ReplySettings)
+    non_cloudevent: str = "wrap"
+    # Not in PRODUCT.md: bodies above this are dead-lettered, not buffered.
+    max_body_size: int = field(default=8 * 1024 * 1024, metadata=_SIZE)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    bindings: tuple[BindingSettings, ...] = ()
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+
+# (variable, section, key): applied after the file, before validation, so a
+# Kubernetes Secret can supply the broker URL without touching the file.
+_ENV_OVERRIDES: Final = (
+    ("RABBITMQ_URL", "broker", "url"),
+    ("DISPATCHER_LISTEN", "http", "listen"),
+    ("LOG_LEVEL", "logging", "level"),
+    ("LOG_FORMAT", "logging", "format"),
+)
+
+
+def load_settings(path: str | None, environ: Mapping[str, str]) -> Settings:
+    """Read the config file (``path``, else ``$DISPATCHER_CONFIG``, else the default)."""
+    resolved, named_by = _resolve_config_path(path, environ)
+    raw = _read_yaml(resolved, named_by)
+    return settings_from_dict(raw, environ)
+
+
+def settings_from_dict(raw: Mapping[str, object], environ: Mapping[str, str]) -> Settings:
+    """Apply the environment overrides to ``raw`` and validate the result."""
+    merged, origins = _apply_env_overrides(raw, environ)
+    try:
+        return _settings(merged, "")
+    except ConfigError as err:
+        # The user has to fix the variable, not the file: name the variable.
+        variable = origins.get(err.key)
+        if variable is None:
+            raise
+        raise ConfigError(variable, err.problem) from None
+
+
+def _resolve_config_path(path: str | None, environ: Mapping[str, str]) -> tuple[str, str]:
+    """Return the path and what chose it, so "file not found" can blame the right thing."""
+    if path:
+        return path, "config"
+    from_env = environ.get("DISPATCHER_CONFIG")
+    if from_env:
+        return from_env, "DISPATCHER_CONFIG"
+    return DEFAULT_CONFIG_PATH, "config"
+
+
+def _read_yaml(path: str, named_by: str) -> Mapping[str, object]:
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read()
+    except FileNotFoundError:
+        raise ConfigError(named_by, f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(named_by, f"is a directory, not a file: {path}") from None
+    except OSError as err:
+        raise ConfigError(named_by, f"cannot read {path}: {err.strerror}") from None
+    try:
+        # Bytes, not text: lets PyYAML honour a UTF-16 BOM as the YAML spec says.
+        document = yaml.load(data, Loader=_StrictLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError("config", f"invalid YAML in {path}{_yaml_where(err)}") from None
+    if document is None:
+        raise ConfigError("config", f"{path} is empty")
+    if not isinstance(document, Mapping):
+        raise ConfigError("config", f"{path}: top level must be a mapping, got {_show(document)}")
+    return document
+
+
+def _yaml_where(err: yaml.YAMLError) -> str:
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        problem = err.problem or "syntax error"
+        where = f" at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    else:
+        where = f": {err}"
+    return _redact_text(where)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, which PyYAML silently collapses."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            # Merge keys (``<<: *defaults``) may legitimately be overridden.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _apply_env_overrides(
+    raw: Mapping[str, object], environ: Mapping[str, str]
+) -> tuple[dict[str, object], dict[str, str]]:
+    """Return the merged raw config and which key paths came from which variable."""
+    merged = dict(raw)
+    origins: dict[str, str] = {}
+    for variable, section, key in _ENV_OVERRIDES:
+        value = environ.get(variable)
+        # Empty counts as unset: manifests often render an optional variable as "".
+        if not value:
+            continue
+        current = merged.get(section)
+        if current is None:
+            current = {}
+        if not isinstance(current, Mapping):
+            continue  # validation reports the file's malformed section as it is
+        merged[section] = {**current, key: value}
+        origins[f"{section}.{key}"] = variable
+    return merged, origins
+
+
+# --------------------------------------------------------------------------
+# Validation: one builder per section
+# --------------------------------------------------------------------------
+
+
+def _settings(raw: object, key: str) -> Settings:
+    top = _Section(raw, key, Settings)
+    return Settings(
+        broker=top.nested("broker", _broker),
+        http=top.nested("http", _http),
+        shutdown=top.nested("shutdown", _shutdown),
+        logging=top.nested("logging", _logging),
+        bindings=_bindings(top.raw("bindings"), top.sub("bindings")),
+    )
+
+
+def _broker(raw: object, key: str) -> BrokerSettings:
+    s = _Section(raw, key, BrokerSettings)
+    d = BrokerSettings()
+    return BrokerSettings(
+        url=s.get("url", _amqp_url, d.url),
+        heartbeat=s.get("heartbeat", parse_duration, d.heartbeat),  # 0 disables heartbeats
+        connection_name=s.get("connection_name", _non_empty_str, d.connection_name),
+        tls=s.nested("tls", _tls),
+        reconnect=s.nested("reconnect", _reconnect),
+        blocked_timeout=s.get("blocked_timeout", _positive_duration, d.blocked_timeout),
+    )
+
+
+def _reconnect(raw: object, key: str) -> ReconnectSettings:
+    s = _Section(raw, key, ReconnectSettings)
+    d = ReconnectSettings()
+    # Exponential backoff from 0 stays at 0: a tight reconnect loop.
+    initial = s.get("initial_delay", _positive_duration, d.initial_delay)
+    maximum = s.get("max_delay", parse_duration, d.max_delay)
+    if maximum < initial:
+        raise ConfigError(s.sub("max_delay"), "must be >= initial_delay")
+    return ReconnectSettings(initial_delay=initial, max_delay=maximum)
+
+
+def _tls(raw: object, key: str) -> TlsSettings:
+    s = _Section(raw, key, TlsSettings)
+    tls = TlsSettings(
+        ca_file=s.optional("ca_file", _existing_file),
+        cert_file=s.optional("cert_file", _existing_file),
+        key_file=s.optional("key_file", _existing_file),
+    )
+    if tls.cert_file is not None and tls.key_file is None:
+        raise ConfigError(s.sub("key_file"), "required when cert_file is set")
+    if tls.key_file is not None and tls.cert_file is None:
+        raise ConfigError(s.sub("cert_file"), "required when key_file is set")
+    return tls
+
+
+def _http(raw: object, key: str) -> HttpSettings:
+    s = _Section(raw, key, HttpSettings)
+    return HttpSettings(listen=s.get("listen", _listen, HttpSettings().listen))
+
+
+def _shutdown(raw: object, key: str) -> ShutdownSettings:
+    s = _Section(raw, key, ShutdownSettings)
+    return ShutdownSettings(grace=s.get("grace", parse_duration, ShutdownSettings().grace))
+
+
+_LOG_LEVEL_ALIASES: Final = {"warn": "warning"}  # what LOG_LEVEL=warn means everywhere else
+
+
+def _logging(raw: object, key: str) -> LoggingSettings:
+    s = _Section(raw, key, LoggingSettings)
+    d = LoggingSettings()
+    levels = _choice("debug", "info", "warning", "error", lower=True, aliases=_LOG_LEVEL_ALIASES)
+    return LoggingSettings(
+        level=s.get("level", levels, d.level),
+        format=s.get("format", _choice("json", "console", lower=True), d.format),
+    )
+
+
+def _bindings(raw: object, key: str) -> tuple[BindingSettings, ...]:
+    if raw is None:
+        raise ConfigError(key, "required: list at least one binding")
+    if not isinstance(raw, list):
+        raise ConfigError(key, f"must be a list, got {_show(raw)}")
+    if not raw:
+        raise ConfigError(key, "must list at least one binding")
+    bindings = tuple(_binding(item, f"{key}[{i}]") for i, item in enumerate(raw))
+    seen: set[str] = set()
+    for i, binding in enumerate(bindings):
+        if binding.name in seen:
+            raise ConfigError(f"{key}[{i}].name", f"duplicate binding name {binding.name!r}")
+        seen.add(binding.name)
+    return bindings
+
+
+def _binding(raw: object, key: str) -> BindingSettings:
+    s = _Section(raw, key, BindingSettings)
+    d = BindingSettings(name="", queue="", subscriber="")
+    return BindingSettings(
+        name=s.require("name", _binding_name),
+        queue=s.require("queue", _queue_name),
+        subscriber=s.require("subscriber", _http_url),
+        declare=s.optional("declare", _declare),
+        content_mode=s.get("content_mode", _choice("binary", "structured"), d.content_mode),
+        tls=s.nested("tls", _tls),
+        parallelism=s.get("parallelism", _int_between(1, 1000), d.parallelism),
+        ordered=s.get("ordered", _bool, d.ordered),
+        delivery=s.nested("delivery", _delivery),
+        dedupe_window=s.get("dedupe_window", parse_duration, d.dedupe_window),
+        dead_letter=s.nested("dead_letter", _dead_letter),
+        reply=s.nested("reply", _reply),
+        non_cloudevent=s.get("non_cloudevent", _choice("wrap", "dead_letter"), d.non_cloudevent),
+        max_body_size=s.get("max_body_size", _size, d.max_body_size),
+    )
+
+
+def _declare(raw: object, key: str) -> DeclareSettings:
+    s = _Section(raw, key, DeclareSettings)
+    d = DeclareSettings()
+    declare = DeclareSettings(
+        durable=s.get("durable", _bool, d.durable),
+        type=s.get("type", _choice("classic", "quorum"), d.type),
+        dead_letter_exchange=s.optional("dead_letter_exchange", _str),
+        delivery_limit=s.optional("delivery_limit", _int_at_least(1)),
+    )
+    # RabbitMQ refuses both; failing here beats a channel error at startup.
+    if declare.type == "quorum" and not declare.durable:
+        raise ConfigError(s.sub("durable"), "quorum queues must be durable")
+    if declare.delivery_limit is not None and declare.type != "quorum":
+        raise ConfigError(s.sub("delivery_limit"), "only valid with type: quorum")
+    return declare
+
+
+def _delivery(raw: object, key: str) -> DeliverySettings:
+    s = _Section(raw, key, DeliverySettings)
+    d = DeliverySettings()
+    delivery = DeliverySettings(
+        retry=s.get("retry", _int_at_least(0), d.retry),
+        backoff_policy=s.get("backoff_policy", _choice("exponential", "linear"), d.backoff_policy),
+        backoff_delay=s.get("backoff_delay", parse_duration, d.backoff_delay),
+        backoff_max=s.get("backoff_max", parse_duration, d.backoff_max),
+        timeout=s.get("timeout", _positive_duration, d.timeout),
+    )
+    if delivery.backoff_max < delivery.backoff_delay:
+        raise ConfigError(s.sub("backoff_max"), "must be >= backoff_delay")
+    return delivery
+
+
+def _dead_letter(raw: object, key: str) -> DeadLetterSettings:
+    s = _Section(raw, key, DeadLetterSettings)
+    return DeadLetterSettings(
+        sink=s.optional("sink", _http_url),
+        exchange=s.optional("exchange", _str),
+        routing_key=s.get("routing_key", _str, DeadLetterSettings().routing_key),
+    )
+
+
+def _reply(raw: object, key: str) -> ReplySettings:
+    s = _Section(raw, key, ReplySettings)
+    reply = ReplySettings(
+        exchange=s.optional("exchange", _str),
+        routing_key=s.get("routing_key", _str, ReplySettings().routing_key),
+        url=s.optional("url", _http_url),
+    )
+    if reply.exchange is not None and reply.url is not None:
+        raise ConfigError(key, "set either exchange or url, not both")
+    return reply
+
+
+class _Section:
+    """A mapping at ``key`` whose keys must be the fields of ``shape``."""
+
+    def __init__(self, raw: object, key: str, shape: type[DataclassInstance]) -> None:
+        self.key = key
+        self._raw = _mapping(raw, key)
+        allowed = sorted(f.name for f in fields(shape))
+        for name in self._raw:
+            if name not in allowed:
+                raise ConfigError(
+                    self.sub(name), f"unknown key (expected one of: {', '.join(allowed)})"
+                )
+
+    def sub(self, name: str) -> str:
+        return f"{self.key}.{name}" if self.key else name
+
+    def raw(self, name: str) -> object:
+        return self._raw.get(name)
+
+    def get(self, name: str, parse: Callable[[object, str], T], default: T) -> T:
+        # null means "use the default": Helm templates render unset values as null.
+        value = self._raw.get(name)
+        return default if value is None else parse(value, self.sub(name))
+
+    def optional(self, name: str, parse: Callable[[object, str], T]) -> T | None:
+        value = self._raw.get(name)
+        return None if value is None else parse(value, self.sub(name))
+
+    def require(self, name: str, parse: Callable[[object, str], T]) -> T:
+        value = self._raw.get(name)
+        if value is None:
+            raise ConfigError(self.sub(name), "required")
+        return parse(value, self.sub(name))
+
+    def nested(self, name: str, build: Callable[[object, str], T]) -> T:
+        return build(self._raw.get(name), self.sub(name))
+
+
+def _mapping(raw: object, key: str) -> Mapping[str, object]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, f"must be a mapping, got {_show(raw)}")
+    for name in raw:
+        if not isinstance(name, str):
+            raise ConfigError(key, f"keys must be strings, got {_show(name)}")
+    return raw
+
+
+# --------------------------------------------------------------------------
+# Scalar parsers: (value, key) -> typed value, or ConfigError naming key
+# --------------------------------------------------------------------------
+
+
+def _str(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(key, f"must be a string, got {_show(value)}")
+    return value
+
+
+def _non_empty_str(value: object, key: str) -> str:
+    text = _str(value, key)
+    if not text:
+        raise ConfigError(key, "must not be empty")
+    return text
+
+
+def _bool(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be a boolean (true or false), got {_show(value)}")
+    return value
+
+
+def _int(value: object, key: str) -> int:
+    # bool is an int subclass in Python, but `parallelism: true` is a mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, f"must be an integer, got {_show(value)}")
+    return value
+
+
+def _int_at_least(minimum: int) -> Callable[[object, str], int]:
+    def parse(value: object, key: str) -> int:
+        number = _int(value, key)
+        if number < minimum:
+            raise ConfigError(key, f"must be >= {minimum}")
+        return number
+
+    return parse
+
+
+def _int_between(low: int, high: int) -> Callable[[object, str], int]:
+    def parse(value: object, key: str) -> int:
+        number = _int(value, key)
+        if not low <= number <= high:
+            raise ConfigError(key, f"must be between {low} and {high}")
+        return number
+
+    return parse
+
+
+def _choice(
+    *options: str, lower: bool = False, aliases: Mapping[str, str] | None = None
+) -> Callable[[object, str], str]:
+    def parse(value: object, key: str) -> str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be one of {', '.join(options)}, got {_show(value)}")
+        text = value.lower() if lower else value
+        text = aliases.get(text, text) if aliases else text
+        if text not in options:
+            raise ConfigError(key, f"must be one of {', '.join(options)}, got {_show(value)}")
+        return text
+
+    return parse
+
+
+_BINDING_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _binding_name(value: object, key: str) -> str:
+    name = _str(value, key)
+    # Names become Prometheus label values and log fields: keep them plain.
+    if not _BINDING_NAME.fullmatch(name):
+        raise ConfigError(key, f"must be 1-64 characters of A-Z a-z 0-9 _ . - (got {_show(name)})")
+    return name
+
+
+def _queue_name(value: object, key: str) -> str:
+    name = _non_empty_str(value, key)
+    if len(name.encode("utf-8")) > 255:  # AMQP 0-9-1 shortstr limit
+        raise ConfigError(key, "must be at most 255 bytes")
+    return name
+
+
+def _existing_file(value: object, key: str) -> str:
+    path = _non_empty_str(value, key)
+    # Relative paths are relative to the working directory, as they will be
+    # when the TLS context is built.
+    if not os.path.isfile(path):
+        raise ConfigError(key, f"file not found: {path}")
+    return path
+
+
+_SIZE_UNITS: Final = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "kib": 1024, "mib": 1024**2}
+_SIZE_RE: Final = re.compile(r"([0-9]+)\s*([A-Za-z]*)")
+
+
+def _size(value: object, key: str) -> int:
+    if isinstance(value, str):
+        match = _SIZE_RE.fullmatch(value.strip())
+        if match is None or match.group(2).lower() not in _SIZE_UNITS:
+            raise ConfigError(
+                key, f"invalid size {_show(value)} (use bytes or a B, KB, MB, KiB or MiB suffix)"
+            )
+        size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        raise ConfigError(key, f"must be a size such as 8MiB or 8388608, got {_show(value)}")
+    if size <= 0:
+        raise ConfigError(key, "must be > 0")
+    return size
+
+
+def _listen(value: object, key: str) -> str:
+    listen = _str(value, key)
+    try:
+        _split_listen(listen)
+    except ValueError as err:
+        raise ConfigError(key, f"{err}, got {_show(listen)}") from None
+    return listen
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); empty host = all IPv4 interfaces; IPv6 in brackets."""
+    if listen.startswith("["):
+        host, bracket, rest = listen[1:].partition("]")
+        if not bracket or not host or not rest.startswith(":"):
+            raise ValueError("must be host:port, IPv6 hosts in brackets ([::1]:9090)")
+        port_text = rest[1:]
+    else:
+        host, colon, port_text = listen.rpartition(":")
+        if not colon:
+            raise ValueError("must be host:port (e.g. 0.0.0.0:9090)")
+        if ":" in host:
+            raise ValueError("IPv6 hosts must be in brackets ([::]:9090)")
+        host = host or "0.0.0.0"
+    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
+        raise ValueError("port must be 1..65535")
+    return host, int(port_text)
+
+
+# --------------------------------------------------------------------------
+# URLs
+# --------------------------------------------------------------------------
+
+# scheme://user:password@ ... ; the password runs to the last "@" before the
+# first "/", so an unencoded "?", "#" or "@" in it is still hidden.
+_USERINFO_PASSWORD: Final = re.compile(
+    r"(?P<prefix>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^/\s]*@"
+)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any userinfo password replaced by ``***`` (the user name is kept)."""
+    return _redact_text(url)
+
+
+def _redact_text(text: str) -> str:
+    return _USERINFO_PASSWORD.sub(r"\g<prefix>:***@", text)
+
+
+def _amqp_url(value: object, key: str) -> str:
+    return _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
+
+
+def _http_url(value: object, key: str) -> str:
+    return _url(value, key, ("http", "https"), "an http(s) URL")
+
+
+def _url(value: object, key: str, schemes: tuple[str, ...], what: str) -> str:
+    url = _str(value, key)
+    try:
+        parts = urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0  # .port raises on junk
+    except ValueError:
+        raise ConfigError(key, f"must be {what}, got {_show(url)}") from None
+    if parts.scheme.lower() not in schemes:
+        raise ConfigError(key, f"must be {what}, got {_show(url)}")
+    if not parts.hostname:
+        raise ConfigError(key, f"must be {what} with a host, got {_show(url)}")
+    if not port_ok:
+        raise ConfigError(key, f"must be {what} with a port in 1..65535, got {_show(url)}")
+    return url
+
+
+# --------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------
+
+_DURATION_HELP: Final = "(use 250ms, 1.5s, 2m, PT0.25S or seconds)"
+_NUMBER: Final = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_BARE_SECONDS: Final = re.compile(_NUMBER)
+# Go-style, so "1m30s" works as it does in Kubernetes manifests.
+_UNIT_PART: Final = re.compile(rf"({_NUMBER})(ms|s|m|h)")
+_UNIT_DURATION: Final = re.compile(rf"(?:{_NUMBER}(?:ms|s|m|h))+")
+_ISO_NUMBER: Final = r"[0-9]+(?:[.,][0-9]+)?"
+_ISO_DURATION: Final = re.compile(
+    rf"P(?:(?P<W>{_ISO_NUMBER})W)?(?:(?P<D>{_ISO_NUMBER})D)?"
+    rf"(?:T(?:(?P<H>{_ISO_NUMBER})H)?(?:(?P<M>{_ISO_NUMBER})M)?(?:(?P<S>{_ISO_NUMBER})S)?)?"
+)
+_ISO_CALENDAR: Final = re.compile(r"P[^T]*[YM]")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_ISO_SECONDS: Final = {"W": 604800.0, "D": 86400.0, "H": 3600.0, "M": 60.0, "S": 1.0}
+
+
+def parse_duration(value: object, key: str) -> float:
+    """Seconds from ``250ms``, ``1.5s``, ``1m30s``, ``PT0.25S``, ``P1DT2H`` or a number.
+
+    Raises ``ConfigError(key, ...)`` for anything else, negative or non-finite.
+    """
+    try:
+        seconds = _duration_seconds(value, key)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ConfigError(key, f"must be a finite duration, got {_show(value)}")
+    if seconds < 0:
+        raise ConfigError(key, "must be >= 0")
+    return seconds + 0.0  # turns "-0s" into 0.0, not -0.0
+
+
+def _positive_duration(value: object, key: str) -> float:
+    seconds = parse_duration(value, key)
+    if seconds <= 0:
+        raise ConfigError(key, "must be > 0")
+    return seconds
+
+
+def _duration_seconds(value: object, key: str) -> float:
+    if isinstance(value, bool) or value is None:
+        raise ConfigError(key, f"invalid duration {_show(value)} {_DURATION_HELP}")
+    if isinstance(value, int | float):
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(key, f"must be a duration {_DURATION_HELP}, got {_show(value)}")
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text[1:] if text[:1] in ("-", "+") else text
+    if _BARE_SECONDS.fullmatch(body):
+        return sign * float(body)
+    if _UNIT_DURATION.fullmatch(body):
+        return sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in _UNIT_PART.findall(body))
+    iso = _iso_seconds(body)
+    if iso is not None:
+        return sign * iso
+    if _ISO_CALENDAR.match(body):
+        raise ConfigError(
+            key,
+            f"invalid duration {_show(value)}: ISO-8601 years and months have no fixed "
+            "length; use days (P1D) or smaller units",
+        )
+    raise ConfigError(key, f"invalid duration {_show(value)} {_DURATION_HELP}")
+
+
+def _iso_seconds(text: str) -> float | None:
+    match = _ISO_DURATION.fullmatch(text)
+    if match is None:
+        return None
+    parts = {unit: number for unit, number in match.groupdict().items() if number is not None}
+    # "P" and "PT" match the pattern but say nothing; "P1DT" has a dangling T.
+    time_given = any(unit in parts for unit in "HMS")
+    if not parts or ("T" in text and not time_given):
+        return None
+    return sum(float(number.replace(",", ".")) * _ISO_SECONDS[u] for u, number in parts.items())
+
+
+# --------------------------------------------------------------------------
+# The effective configuration (what `dispatcher check` prints)
+# --------------------------------------------------------------------------
+
+# PRODUCT.md lists `declare` before `subscriber`; dataclass field order cannot,
+# because required fields must come first.
+_BINDING_KEY_ORDER: Final = (
+    "name",
+    "queue",
+    "declare",
+    "subscriber",
+    "content_mode",
+    "tls",
+    "parallelism",
+    "ordered",
+    "delivery",
+    "dedupe_window",
+    "dead_letter",
+    "reply",
+    "non_cloudevent",
+    "max_body_size",
+)
+
+
+def effective_config(settings: Settings) -> dict[str, object]:
+    """Every setting as plain data, in the file's own notation, passwords redacted."""
+    effective = _plain(settings)
+    effective["bindings"] = [
+        {key: binding[key] for key in _BINDING_KEY_ORDER}
+        for binding in (_plain(b) for b in settings.bindings)
+    ]
+    return effective
+
+
+def render_effective_config(settings: Settings) -> str:
+    """``effective_config`` as YAML, keys in PRODUCT.md order."""
+    return yaml.safe_dump(
+        effective_config(settings), sort_keys=False, default_flow_style=False, allow_unicode=True
+    )
+
+
+def _plain(obj: DataclassInstance) -> dict[str, object]:
+    plain: dict[str, object] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        plain[f.name] = _render(value, f.metadata.get("render"))
+    return plain
+
+
+def _render(value: object, how: str | None) -> object:
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(value)
+    if isinstance(value, tuple):
+        return [_render(item, how) for item in value]
+    render = _RENDERERS.get(how or "")
+    return value if render is None or value is None else render(value)
+
+
+def _render_duration(seconds: float) -> str | float:
+    millis = round(seconds * 1000)
+    if not math.isclose(millis, seconds * 1000, rel_tol=0, abs_tol=1e-6):
+        return seconds  # not a whole number of milliseconds: plain seconds is exact
+    if millis == 0:
+        return "0s"
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if millis % size == 0:
+            return f"{millis // size}{unit}"
+    return f"{millis}ms"
+
+
+def _render_size(size: int) -> str | int:
+    for unit, factor in (("MiB", 1024**2), ("KiB", 1024)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return size
+
+
+_RENDERERS: Final[Mapping[str, Callable[[Any], object]]] = {
+    "duration": _render_duration,
+    "url": redact_url,
+    "size": _render_size,
+}
+
+
+def _show(value: object) -> str:
+    """A value for an error message: strings quoted and redacted, containers by kind."""
+    if isinstance(value, str):
+        text = _redact_text(value)
+        return repr(text if len(text) <= 80 else text[:77] + "...")
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # null / true / false, as the user wrote them in YAML
+    if isinstance(value, int | float):
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    if isinstance(value, Mapping):
+        return "mapping"
+    return "list" if isinstance(value, list | tuple) else type(value).__name__

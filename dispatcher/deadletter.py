@@ -1,0 +1,110 @@
+"""What a dead-lettered event looks like, and sending it to the configured targets.
+
+The event keeps every attribute and its data, and gains Knative's extensions:
+``knativeerrordest`` (subscriber URL, password redacted), ``knativeerrorcode``
+(last status or -1) and ``knativeerrordata`` (base64 of the response body, at
+most 1024 characters). When dispatcher itself decided (a malformed message, an
+invalid reply), ``dispatchererror`` says why in words.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+from dispatcher import events
+from dispatcher.config import DeadLetterSettings, redact_url
+from dispatcher.delivery import HttpTarget, Result
+from dispatcher.errors import PublishError
+from dispatcher.events import Event
+from dispatcher.logs import get_logger
+from dispatcher.publisher import Publisher
+
+log = get_logger()
+
+ERROR_DATA_CHARS = 1024
+# 768 bytes are exactly 1024 base64 characters.
+_ERROR_DATA_BYTES = ERROR_DATA_CHARS // 4 * 3
+_REASON_CHARS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why an event is being dead-lettered."""
+
+    code: int  # last HTTP status, -1 for timeout/transport error or for our own decision
+    body: bytes = b""
+    reason: str | None = None
+
+
+def dead_letter_event(event: Event, destination: str, failure: Failure) -> Event:
+    extensions = {
+        "knativeerrordest": redact_url(destination),
+        "knativeerrorcode": str(failure.code),
+        "knativeerrordata": base64.b64encode(failure.body[:_ERROR_DATA_BYTES]).decode("ascii"),
+    }
+    if failure.reason:
+        extensions["dispatchererror"] = _printable(failure.reason)[:_REASON_CHARS]
+    return event.with_extensions(extensions)
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
+class DeadLetterer:
+    """Sends to the sink and/or the exchange; accepted when at least one target accepted."""
+
+    def __init__(
+        self,
+        settings: DeadLetterSettings,
+        destination: str,
+        content_mode: str,
+        sink: HttpTarget | None,
+        publisher: Publisher | None,
+        publish_timeout: float,
+    ) -> None:
+        self._settings = settings
+        self._destination = destination
+        self._mode = content_mode
+        self._sink = sink
+        self._publisher = publisher
+        self._publish_timeout = publish_timeout
+
+    @property
+    def has_target(self) -> bool:
+        return self._sink is not None or (
+            self._publisher is not None and self._settings.exchange is not None
+        )
+
+    def send(self, event: Event, failure: Failure) -> bool:
+        letter = dead_letter_event(event, self._destination, failure)
+        accepted = False
+        if self._sink is not None:
+            accepted |= self._to_sink(letter)
+        if self._publisher is not None and self._settings.exchange is not None:
+            accepted |= self._to_exchange(letter, self._publisher, self._settings.exchange)
+        return accepted
+
+    def _to_sink(self, letter: Event) -> bool:
+        assert self._sink is not None
+        outcome = self._sink.send(events.to_http(letter, self._mode))
+        if outcome.result is Result.DELIVERED:
+            return True
+        log.warning(
+            "dead-letter sink refused", ce_id=letter.id, status=outcome.last.status,
+            error=outcome.last.error,
+        )
+        return False
+
+    def _to_exchange(self, letter: Event, publisher: Publisher, exchange: str) -> bool:
+        headers, content_type = events.to_amqp_headers(letter)
+        try:
+            publisher.publish(
+                exchange, self._settings.routing_key, letter.data or b"", headers, content_type,
+                timeout=self._publish_timeout,
+            )
+        except PublishError as e:
+            log.warning("dead-letter publish failed", ce_id=letter.id, exchange=exchange, error=str(e))
+            return False
+        return True

@@ -1,0 +1,47 @@
+"""The one exception hierarchy of dispatcher.
+
+Third-party errors (pika, httpx, yaml, cloudevents) are translated into these
+where they enter the package, and nowhere else::
+
+    DispatcherError
+    ├── ConfigError            bad configuration; names the key; exit code 2
+    ├── EventError             a message that cannot become a valid CloudEvent
+    │   └── NotACloudEvent     no specversion at all (wrap it or dead-letter it)
+    ├── PublishError           a publish was not confirmed (nack, unroutable, timeout, closed)
+    └── BrokerError            the broker connection or a channel went away
+"""
+
+from __future__ import annotations
+
+
+class DispatcherError(Exception):
+    """Root of every error dispatcher raises on purpose."""
+
+
+class ConfigError(DispatcherError):
+    """Invalid configuration. ``str(err)`` is ``"<key>: <problem>"``."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+class EventError(DispatcherError):
+    """The message claims to be a CloudEvent but is not a valid one; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotACloudEvent(EventError):
+    """The message carries no CloudEvents ``specversion`` in any accepted form."""
+
+
+class PublishError(DispatcherError):
+    """A message was not accepted by the broker (nacked, unroutable, timed out, connection lost)."""
+
+
+class BrokerError(DispatcherError):
+    """The broker connection or a channel is unusable."""

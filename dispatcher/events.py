@@ -1,0 +1,394 @@
+"""Where a message becomes a CloudEvent, and a CloudEvent becomes HTTP or AMQP.
+
+An ``Event`` keeps attributes as strings and data as the exact bytes received:
+a dispatcher forwards events, so it must not re-serialise a subscriber's
+payload or invent attributes. That is why the hot path does not build
+``cloudevents.core.v1.event.CloudEvent`` objects for forwarding (its
+constructor adds a fresh ``time`` when none is given and its JSON format
+decodes and re-encodes data); the library is used where it adds value: as the
+validator of required attributes and extension names.
+
+Accepted AMQP forms (first match wins):
+
+- binary, attributes in headers named ``ce-<attr>``, ``cloudEvents_<attr>``,
+  ``cloudEvents:<attr>`` or bare ``<attr>`` (as the Knative ingress writes);
+  the ``content_type`` property is ``datacontenttype``, the body is the data;
+- structured, ``content_type`` starting with ``application/cloudevents``
+  (JSON event format);
+- anything else is not a CloudEvent: ``NotACloudEvent``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import decimal
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote, unquote
+
+from cloudevents.core.exceptions import BaseCloudEventException
+from cloudevents.core.v1.event import CloudEvent
+from dateutil.parser import isoparse
+
+from dispatcher.errors import EventError, NotACloudEvent
+
+SPECVERSION: Final = "1.0"
+WRAPPED_TYPE: Final = "dev.dispatcher.rabbitmq.message"
+STRUCTURED_CONTENT_TYPE: Final = "application/cloudevents+json"
+TRACE_HEADERS: Final = ("traceparent", "tracestate")
+
+# Header prefixes of the binary forms, lower-cased; the bare form has none.
+_PREFIXES: Final = ("ce-", "cloudevents_", "cloudevents:")
+_ATTR_NAME: Final = re.compile(r"^[a-z0-9]{1,64}$")
+# Headers the broker adds or changes on redelivery; an id derived from them
+# would not be stable.
+_VOLATILE_HEADERS: Final = frozenset(
+    {"x-delivery-count", "x-death", "x-first-death-exchange", "x-first-death-queue",
+     "x-first-death-reason", "x-last-death-exchange", "x-last-death-queue",
+     "x-last-death-reason"}
+)
+# The CloudEvents HTTP binding (3.1.3.2): printable ASCII except space, '"' and '%'.
+_HTTP_SAFE: Final = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A CloudEvent as dispatcher forwards it: string attributes and raw data bytes."""
+
+    attributes: Mapping[str, str]
+    data: bytes | None
+
+    @property
+    def id(self) -> str:
+        return self.attributes["id"]
+
+    @property
+    def source(self) -> str:
+        return self.attributes["source"]
+
+    @property
+    def type(self) -> str:
+        return self.attributes["type"]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(source, id): what identifies an event for duplicate detection."""
+        return (self.attributes["source"], self.attributes["id"])
+
+    def with_extensions(self, extensions: Mapping[str, str]) -> Event:
+        return Event({**self.attributes, **extensions}, self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpMessage:
+    """The parts of an AMQP delivery that the mapping reads (pika-independent)."""
+
+    body: bytes
+    headers: Mapping[str, Any]
+    content_type: str | None = None
+    message_id: str | None = None
+    properties: Mapping[str, Any] | None = None  # the rest, for the wrapped id digest
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequestParts:
+    headers: dict[str, str]
+    body: bytes
+
+
+# --------------------------------------------------------------------- AMQP -> Event
+
+
+def from_amqp(message: AmqpMessage) -> Event:
+    """Read a CloudEvent from an AMQP message.
+
+    Raises ``NotACloudEvent`` when the message has no specversion in any form,
+    and ``EventError`` (with a reason fit for a dead-letter) when it has one but
+    is not a valid CloudEvent.
+    """
+    content_type = message.content_type or ""
+    if content_type.lower().startswith("application/cloudevents"):
+        return _from_structured(content_type, message.body)
+    attributes = _binary_attributes(message.headers)
+    if attributes is None:
+        raise NotACloudEvent("no CloudEvents specversion in headers or content type")
+    if message.content_type:
+        attributes["datacontenttype"] = _clean("datacontenttype", message.content_type)
+    return validated(attributes, message.body)
+
+
+def _binary_attributes(headers: Mapping[str, Any]) -> dict[str, str] | None:
+    lowered = {name.lower(): (name, value) for name, value in headers.items()}
+    for prefix in _PREFIXES:
+        if prefix + "specversion" in lowered:
+            return {
+                name[len(prefix):]: _header_text(original, value)
+                for name, (original, value) in lowered.items()
+                if name.startswith(prefix) and value is not None
+            }
+    if "specversion" in lowered:
+        # Bare form: every header that could be an attribute name is one (the
+        # Knative ingress writes extensions bare as well); broker headers such
+        # as x-death contain '-' and are not.
+        return {
+            name: _header_text(original, value)
+            for name, (original, value) in lowered.items()
+            if _ATTR_NAME.match(name) and value is not None
+        }
+    return None
+
+
+def _header_text(name: str, value: Any) -> str:
+    """Render an AMQP header value (any type pika decodes) as an attribute string."""
+    text: str
+    if isinstance(value, bool):  # before int: bool is an int
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, bytes):
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise EventError(f"header {name!r} is not valid UTF-8") from e
+    elif isinstance(value, int | decimal.Decimal):
+        text = str(value)
+    elif isinstance(value, float):
+        text = repr(value)
+    elif isinstance(value, dt.datetime):
+        text = format_time(value)
+    else:
+        raise EventError(
+            f"header {name!r} has type {type(value).__name__}, which no CloudEvents attribute has"
+        )
+    return _clean(name, text)
+
+
+def _clean(name: str, text: str) -> str:
+    if _CONTROL.search(text):
+        raise EventError(f"header {name!r} contains control characters (CR, LF or other)")
+    return text
+
+
+def format_time(value: dt.datetime) -> str:
+    # pika decodes AMQP timestamps as naive datetimes in UTC.
+    aware = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    text = aware.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _from_structured(content_type: str, body: bytes) -> Event:
+    if not content_type.lower().startswith(STRUCTURED_CONTENT_TYPE):
+        raise EventError(f"unsupported structured content type {content_type!r}")
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EventError(f"structured event is not valid JSON: {e}") from e
+    if not isinstance(document, dict):
+        raise EventError("structured event is not a JSON object")
+    return from_json_document(document)
+
+
+def from_json_document(document: dict[str, Any]) -> Event:
+    """Build an Event from a JSON-format CloudEvent document (already parsed)."""
+    attributes: dict[str, str] = {}
+    for name, value in document.items():
+        if name in ("data", "data_base64"):
+            continue
+        if value is None:
+            continue
+        if isinstance(value, dict | list):
+            raise EventError(f"attribute {name!r} must be a string, number or boolean")
+        attributes[name] = _header_text(name, value) if not isinstance(value, str) else value
+    for name, value in attributes.items():
+        _clean(name, value)
+    data: bytes | None = None
+    if "data_base64" in document:
+        encoded = document["data_base64"]
+        if not isinstance(encoded, str):
+            raise EventError("data_base64 must be a string")
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise EventError("data_base64 is not valid base64") from e
+    elif "data" in document:
+        value = document["data"]
+        if isinstance(value, str) and not _is_json(attributes.get("datacontenttype")):
+            data = value.encode("utf-8")
+        else:
+            data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return validated(attributes, data)
+
+
+def validated(attributes: dict[str, str], data: bytes | None) -> Event:
+    """Check attributes against CloudEvents 1.0, using the SDK's validator."""
+    specversion = attributes.get("specversion")
+    if specversion != SPECVERSION:
+        raise EventError(f"unsupported specversion {specversion!r} (only 1.0 is accepted)")
+    typed: dict[str, Any] = dict(attributes)
+    if "time" in typed:
+        try:
+            typed["time"] = isoparse(typed["time"])
+        except (ValueError, OverflowError) as e:
+            raise EventError(f"attribute 'time' is not an RFC 3339 timestamp: {typed['time']!r}") from e
+        if typed["time"].tzinfo is None:
+            raise EventError("attribute 'time' has no time zone")
+    try:
+        # The SDK validates in its constructor. It adds 'time' to the dict it
+        # is given when absent, so it gets a copy.
+        CloudEvent(typed)
+    except BaseCloudEventException as e:  # not a ValueError: see FIELD-NOTES
+        raise EventError(f"invalid CloudEvent: {_sdk_reason(e)}") from e
+    return Event(attributes, data)
+
+
+def _sdk_reason(error: BaseCloudEventException) -> str:
+    errors = getattr(error, "errors", None)
+    if isinstance(errors, dict):
+        return "; ".join(str(e) for problems in errors.values() for e in problems) or str(error)
+    return str(error)
+
+
+def _is_json(content_type: str | None) -> bool:
+    if content_type is None:
+        return True  # the JSON event format's default
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json") or media == "text/json"
+
+
+# --------------------------------------------------------------------- wrapping
+
+
+def wrap(message: AmqpMessage, vhost: str, queue: str) -> Event:
+    """Wrap a message that is not a CloudEvent, with an id stable across redeliveries."""
+    attributes = {
+        "specversion": SPECVERSION,
+        "id": message.message_id or stable_digest(message, queue),
+        "source": f"rabbitmq://{quote(vhost, safe='')}/{quote(queue, safe='')}",
+        "type": WRAPPED_TYPE,
+    }
+    if message.content_type and not _CONTROL.search(message.content_type):
+        attributes["datacontenttype"] = message.content_type
+    return Event(attributes, message.body)
+
+
+def stable_digest(message: AmqpMessage, queue: str) -> str:
+    headers = {
+        k: v for k, v in (message.headers or {}).items() if k.lower() not in _VOLATILE_HEADERS
+    }
+    identity = {
+        "queue": queue,
+        "content_type": message.content_type,
+        "properties": dict(message.properties or {}),
+        "headers": headers,
+    }
+    digest = hashlib.sha256()
+    digest.update(json.dumps(identity, sort_keys=True, default=repr).encode("utf-8"))
+    digest.update(b"\0")
+    digest.update(message.body)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------- Event -> HTTP
+
+
+def to_http(event: Event, mode: str, trace: Mapping[str, str] | None = None) -> HttpRequestParts:
+    """The request for a subscriber, in ``binary`` or ``structured`` content mode."""
+    headers = dict(trace or {})
+    if mode == "structured":
+        headers["content-type"] = STRUCTURED_CONTENT_TYPE
+        return HttpRequestParts(headers, to_json(event))
+    for name, value in event.attributes.items():
+        if name == "datacontenttype":
+            headers["content-type"] = value
+        else:
+            headers["ce-" + name] = quote(value, safe=_HTTP_SAFE)
+    return HttpRequestParts(headers, event.data or b"")
+
+
+def to_json(event: Event) -> bytes:
+    """The JSON event format; data embedded as JSON when it is JSON, else text or base64."""
+    document: dict[str, Any] = dict(event.attributes)
+    data = event.data
+    if data is not None:
+        content_type = event.attributes.get("datacontenttype")
+        embedded = _embeddable(data, content_type)
+        if embedded is not None:
+            document["data"] = embedded
+        else:
+            document["data_base64"] = base64.b64encode(data).decode("ascii")
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _embeddable(data: bytes, content_type: str | None) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if _is_json(content_type):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return None
+    if content_type and content_type.lower().startswith("text/"):
+        return text
+    return None
+
+
+def trace_headers(headers: Mapping[str, Any]) -> dict[str, str]:
+    """W3C trace context from AMQP headers, passed through as HTTP headers.
+
+    Only well-formed text values are passed: a trace header must never become
+    a way to inject other HTTP headers.
+    """
+    found: dict[str, str] = {}
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in TRACE_HEADERS:
+            if isinstance(value, bytes):
+                try:
+                    value = value.decode("ascii")
+                except UnicodeDecodeError:
+                    continue
+            if isinstance(value, str) and value.isprintable() and value.isascii():
+                found[lowered] = value
+    return found
+
+
+# --------------------------------------------------------------------- HTTP -> Event (replies)
+
+
+def from_http_response(headers: Mapping[str, str], body: bytes) -> Event | None:
+    """The CloudEvent in a subscriber's response, ``None`` when it holds none.
+
+    Raises ``EventError`` when the response claims to be a CloudEvent (has
+    ``ce-specversion`` or a structured content type) but is not a valid one.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    content_type = lowered.get("content-type", "")
+    if content_type.lower().startswith("application/cloudevents"):
+        return _from_structured(content_type, body)
+    if "ce-specversion" not in lowered:
+        return None
+    attributes: dict[str, str] = {}
+    for name, value in lowered.items():
+        if name.startswith("ce-"):
+            attributes[name[3:]] = _clean(name, unquote(value))
+    if content_type:
+        attributes["datacontenttype"] = content_type
+    return validated(attributes, body)
+
+
+# --------------------------------------------------------------------- Event -> AMQP
+
+
+def to_amqp_headers(event: Event) -> tuple[dict[str, str], str | None]:
+    """Binary ``ce-`` header form (the one this dispatcher reads) plus the content type."""
+    headers = {"ce-" + k: v for k, v in event.attributes.items() if k != "datacontenttype"}
+    return headers, event.attributes.get("datacontenttype")

@@ -1,0 +1,204 @@
+"""Where acks are decided: one message, from delivery to its final outcome.
+
+``Handler.handle`` runs on a worker thread and returns an ``Action`` that the
+broker thread applies to the message's own channel generation. The rules
+(PRODUCT.md, "Delivery semantics"; invariant 1 of FIELD-NOTES):
+
+- ACK only after the subscriber's 2xx (and the reply's acceptance, if there is
+  a reply to forward), or after a dead-letter target accepted the event;
+- otherwise REJECT (no requeue) when the queue has a dead-letter exchange of
+  its own, else REQUEUE after a backoff;
+- LEAVE the message unacked when shutdown interrupts a wait: the broker
+  redelivers it, nothing is dead-lettered on the way out.
+
+Every final outcome writes exactly one ``event: "delivery"`` log line.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import structlog
+
+from dispatcher import events
+from dispatcher.config import BindingSettings
+from dispatcher.deadletter import DeadLetterer, Failure
+from dispatcher.delivery import Attempt, HttpTarget, Result
+from dispatcher.errors import EventError, NotACloudEvent
+from dispatcher.events import AmqpMessage, Event
+from dispatcher.logs import get_logger
+from dispatcher.metrics import Metrics
+from dispatcher.reply import Replier
+from dispatcher.retry import Backoff
+
+log = get_logger()
+
+
+class Action(Enum):
+    ACK = "ack"
+    REQUEUE = "requeue"  # basic.nack requeue=True
+    REJECT = "reject"  # basic.reject requeue=False: the queue's own dead-letter exchange takes it
+    LEAVE = "leave"  # settle nothing; the broker redelivers when the channel closes
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message as received on one channel generation."""
+
+    generation: int
+    tag: int
+    redelivered: bool
+    message: AmqpMessage
+
+
+@dataclass(frozen=True, slots=True)
+class _Final:
+    action: Action
+    outcome: str | None  # the log/metric outcome; None for LEAVE
+    attempts: int
+    status: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ReplyProblem:
+    reason: str
+    invalid: bool  # the reply itself is bad (dead-letter) vs. its target failed (retry later)
+
+
+class Handler:
+    def __init__(
+        self,
+        binding: BindingSettings,
+        vhost: str,
+        subscriber: HttpTarget,
+        dead_letterer: DeadLetterer,
+        replier: Replier,
+        metrics: Metrics,
+        stopping: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._binding = binding
+        self._vhost = vhost
+        self._subscriber = subscriber
+        self._dead_letterer = dead_letterer
+        self._replier = replier
+        self._metrics = metrics
+        self._stopping = stopping
+        self._clock = clock
+        d = binding.delivery
+        self._requeue_backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
+        self._own_dlx = binding.declare is not None and binding.declare.dead_letter_exchange is not None
+
+    def handle(self, delivery: Delivery) -> Action:
+        started = self._clock()
+        structlog.contextvars.clear_contextvars()  # pool threads are reused: no leaks
+        structlog.contextvars.bind_contextvars(binding=self._binding.name)
+        event, problem = self._read(delivery.message)
+        if problem is not None:
+            final = self._give_up(event, Failure(-1, reason=problem), attempts=0)
+        else:
+            final = self._deliver(event, delivery.message)
+        self._record(delivery, event, final, started)
+        return final.action
+
+    # ----------------------------------------------------------------- steps
+
+    def _read(self, message: AmqpMessage) -> tuple[Event, str | None]:
+        """The event to deliver, or a wrapped stand-in plus why it must be dead-lettered."""
+        if len(message.body) > self._binding.max_body_size:
+            problem = (
+                f"message body of {len(message.body)} bytes exceeds max_body_size "
+                f"{self._binding.max_body_size}"
+            )
+            return self._wrapped(message), problem
+        try:
+            return events.from_amqp(message), None
+        except NotACloudEvent:
+            if self._binding.non_cloudevent == "wrap":
+                return self._wrapped(message), None
+            return self._wrapped(message), "not a CloudEvent (non_cloudevent: dead_letter)"
+        except EventError as e:
+            return self._wrapped(message), f"malformed CloudEvent: {e.reason}"
+
+    def _wrapped(self, message: AmqpMessage) -> Event:
+        return events.wrap(message, self._vhost, self._binding.queue)
+
+    def _deliver(self, event: Event, message: AmqpMessage) -> _Final:
+        request = events.to_http(
+            event, self._binding.content_mode, events.trace_headers(message.headers)
+        )
+        outcome = self._subscriber.send(request)
+        last = outcome.last
+        if outcome.result is Result.ABANDONED:
+            return _Final(Action.LEAVE, None, outcome.attempts, last.status)
+        if outcome.result is Result.FAILED:
+            return self._give_up(event, Failure(last.status, last.body), outcome.attempts)
+        problem = self._forward_reply(last)
+        if problem is None:
+            return _Final(Action.ACK, "delivered", outcome.attempts, last.status)
+        if problem.invalid:
+            # Bad input from the subscriber: retrying would not fix it.
+            failure = Failure(last.status, last.body, reason=problem.reason)
+            return self._give_up(event, failure, outcome.attempts)
+        return self._not_settled(outcome.attempts, last.status, problem.reason)
+
+    def _forward_reply(self, last: Attempt) -> _ReplyProblem | None:
+        """None when there is nothing to forward or it was accepted."""
+        if not self._replier.enabled:
+            return None
+        if last.truncated:
+            limit = self._binding.max_body_size
+            return _ReplyProblem(f"invalid reply: larger than max_body_size {limit}", True)
+        try:
+            reply = events.from_http_response(last.headers, last.body)
+        except EventError as e:
+            return _ReplyProblem(f"invalid reply: {e.reason}", True)
+        if reply is None:
+            return None
+        refused = self._replier.send(reply)
+        return None if refused is None else _ReplyProblem(refused, False)
+
+    def _give_up(self, event: Event, failure: Failure, attempts: int) -> _Final:
+        """Dead-letter; if nobody takes it, reject or requeue: never ack it."""
+        if self._dead_letterer.has_target and self._dead_letterer.send(event, failure):
+            return _Final(Action.ACK, "dead_lettered", attempts, failure.code, failure.reason)
+        reason = failure.reason or "delivery failed"
+        if not self._dead_letterer.has_target:
+            reason += "; no dead-letter target"
+        else:
+            reason += "; every dead-letter target failed"
+        return self._not_settled(attempts, failure.code, reason)
+
+    def _not_settled(self, attempts: int, status: int, reason: str) -> _Final:
+        if self._own_dlx:
+            return _Final(Action.REJECT, "rejected", attempts, status, reason)
+        # Requeueing at once would hand the same failing message straight back.
+        wait = self._requeue_backoff.wait(self._binding.delivery.retry)
+        if self._stopping.wait(wait):
+            return _Final(Action.LEAVE, None, attempts, status, reason)
+        return _Final(Action.REQUEUE, "requeued", attempts, status, reason)
+
+    def _record(self, delivery: Delivery, event: Event, final: _Final, started: float) -> None:
+        if final.outcome is None:
+            return
+        self._metrics.events.labels(self._binding.name, final.outcome).inc()
+        fields: dict[str, Any] = {
+            "binding": self._binding.name,
+            "outcome": final.outcome,
+            "ce_id": event.id,
+            "ce_type": event.type,
+            "ce_source": event.source,
+            "attempts": final.attempts,
+            "status": final.status,
+            "duration_ms": round((self._clock() - started) * 1000.0, 3),
+            "redelivered": delivery.redelivered,
+        }
+        if final.reason:
+            fields["reason"] = final.reason
+        log.info("delivery", **fields)

@@ -1,0 +1,92 @@
+"""Prometheus metrics, named exactly as PRODUCT.md ("Operations") lists them.
+
+Labels are low-cardinality by construction: a binding name (validated at
+load), an outcome, a status class, a reconnect reason. Never an event id or URL.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# `_created` series double the scrape size and no dashboard reads them.
+disable_created_metrics()
+
+OUTCOMES = ("delivered", "dead_lettered", "requeued", "rejected")
+CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
+
+
+def code_class(status: int) -> str:
+    """``-1`` (timeout, transport error) is ``error``; otherwise the hundreds digit."""
+    if 200 <= status < 600:
+        return f"{status // 100}xx"
+    return "error"
+
+
+def duration_buckets(timeouts: list[float]) -> tuple[float, ...]:
+    """HTTP-dispatch buckets from 1 ms up, plus every configured per-attempt timeout."""
+    base = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
+    return tuple(sorted(set(base) | set(timeouts)))
+
+
+class Metrics:
+    """Every metric of the service, on a registry of its own (so tests can read values)."""
+
+    def __init__(self, timeouts: list[float] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.events = Counter(
+            "dispatcher_events", "Final outcome of each message.", ["binding", "outcome"],
+            registry=r,
+        )
+        self.attempts = Counter(
+            "dispatcher_delivery_attempts", "HTTP delivery attempts by status class.",
+            ["binding", "code_class"], registry=r,
+        )
+        self.dispatch_duration = Histogram(
+            "dispatcher_dispatch_duration_seconds", "Duration of one HTTP delivery attempt.",
+            ["binding"], buckets=duration_buckets(timeouts or [10.0]), registry=r,
+        )
+        self.inflight = Gauge(
+            "dispatcher_inflight", "Messages received and not yet settled.", ["binding"],
+            registry=r,
+        )
+        self.consumer_up = Gauge(
+            "dispatcher_consumer_up", "1 while the binding has a live consumer.", ["binding"],
+            registry=r,
+        )
+        self.broker_connected = Gauge(
+            "dispatcher_broker_connected", "1 while the consuming connection is open.", registry=r
+        )
+        self.reconnects = Counter(
+            "dispatcher_reconnects", "Connection or channel rebuilds, by reason.", ["reason"],
+            registry=r,
+        )
+        self.stale_acks = Counter(
+            "dispatcher_stale_acks",
+            "Settlements dropped because their channel generation was gone.", ["binding"],
+            registry=r,
+        )
+        self.duplicates_suppressed = Counter(
+            "dispatcher_duplicates_suppressed",
+            "Redeliveries settled without a second request.", ["binding"], registry=r,
+        )
+        self.broker_blocked = Gauge(
+            "dispatcher_broker_blocked", "1 while the broker has blocked a connection.", registry=r
+        )
+
+    def register_binding(self, binding: str) -> None:
+        """Create every labelled child so dashboards see zeros, not gaps."""
+        for outcome in OUTCOMES:
+            self.events.labels(binding, outcome)
+        for cls in CODE_CLASSES:
+            self.attempts.labels(binding, cls)
+        self.dispatch_duration.labels(binding)
+        self.inflight.labels(binding)
+        self.consumer_up.labels(binding)
+        self.stale_acks.labels(binding)
+        self.duplicates_suppressed.labels(binding)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Current value of one sample (tests and probes); 0.0 when absent."""
+        found = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if found is None else found

@@ -1,0 +1,173 @@
+"""One long-lived, confirmed publishing connection (dead letters and replies).
+
+Publishing never shares the consuming connection: a broker memory or disk
+alarm blocks connections that publish, and a blocked consuming connection
+would stop acks from being read. Publishing never opens a connection or
+channel per message either (FIELD-NOTES failure 4): one thread owns one
+``BlockingConnection`` with one confirm channel, opened on first use and
+reused until it breaks.
+
+Callers on worker threads hand a request over and wait, bounded, for the
+broker's confirm. Messages are published ``mandatory``: an event routed
+nowhere was not accepted by anyone, so it is an error, not a success.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from dispatcher.broker_params import connection_parameters
+from dispatcher.config import BrokerSettings
+from dispatcher.errors import PublishError
+from dispatcher.logs import get_logger
+
+log = get_logger()
+
+_IDLE_POLL = 1.0  # seconds between heartbeat services while no request is waiting
+
+
+@dataclass(slots=True)
+class _Request:
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: pika.BasicProperties
+    expires: float
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+class Publisher:
+    def __init__(self, broker: BrokerSettings, name_suffix: str = "publisher") -> None:
+        self._broker = broker
+        self._suffix = name_suffix
+        self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        headers: Mapping[str, Any],
+        content_type: str | None,
+        timeout: float = 10.0,
+    ) -> None:
+        """Publish persistently and wait for the confirm; raises ``PublishError``."""
+        properties = pika.BasicProperties(
+            headers=dict(headers), content_type=content_type, delivery_mode=2
+        )
+        request = _Request(exchange, routing_key, body, properties, time.monotonic() + timeout)
+        self._ensure_thread()
+        self._requests.put(request)
+        if not request.done.wait(timeout):
+            raise PublishError(f"no confirm from the broker within {timeout:g}s")
+        if request.error is not None:
+            raise PublishError(request.error)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._requests.put(None)
+            thread.join(timeout=5.0)
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise PublishError("publisher is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="publisher", daemon=True
+                )
+                self._thread.start()
+
+    # ----------------------------------------------------------------- publisher thread
+
+    def _run(self) -> None:
+        connection: Any = None
+        channel: Any = None
+        while True:
+            try:
+                request = self._requests.get(timeout=_IDLE_POLL)
+            except queue.Empty:
+                connection = self._service_heartbeats(connection)
+                continue
+            if request is None:
+                break
+            connection, channel = self._publish_one(request, connection, channel)
+        _close_quietly(connection)
+
+    def _service_heartbeats(self, connection: Any) -> Any:
+        if connection is None:
+            return None
+        try:
+            connection.process_data_events(time_limit=0)
+            return connection
+        except Exception:  # any pika failure: reconnect lazily on the next request
+            _close_quietly(connection)
+            return None
+
+    def _publish_one(self, request: _Request, connection: Any, channel: Any) -> tuple[Any, Any]:
+        # One reconnect per request at most: the caller's timeout bounds the rest,
+        # and the caller decides what a failure means (retry, requeue).
+        for _ in range(2):
+            if time.monotonic() > request.expires:
+                request.error = "timed out before it could be published"
+                break
+            try:
+                if connection is None or not connection.is_open or channel is None or channel.is_closed:
+                    _close_quietly(connection)
+                    connection, channel = self._connect()
+                channel.basic_publish(
+                    request.exchange, request.routing_key, request.body,
+                    properties=request.properties, mandatory=True,
+                )
+                request.error = None
+                break
+            except pika.exceptions.UnroutableError:
+                request.error = f"unroutable: exchange {request.exchange!r} routed it to no queue"
+                break
+            except pika.exceptions.NackError:
+                request.error = "the broker nacked it"
+                break
+            except pika.exceptions.ChannelClosedByBroker as e:
+                # e.g. 404: the exchange does not exist. Publishing again will not help.
+                request.error = f"channel closed by the broker: {e.reply_code} {e.reply_text}"
+                channel = None
+                break
+            except Exception as e:  # pika's connection errors all end here
+                request.error = f"broker connection failed: {type(e).__name__}"
+                _close_quietly(connection)
+                connection, channel = None, None
+        request.done.set()
+        return connection, channel
+
+    def _connect(self) -> tuple[Any, Any]:
+        params = connection_parameters(self._broker, self._suffix)
+        connection = pika.BlockingConnection(params)
+        channel = connection.channel()
+        channel.confirm_delivery()
+        log.info("publisher connected")
+        return connection, channel
+
+
+def _close_quietly(connection: Any) -> None:
+    if connection is None:
+        return
+    try:
+        if connection.is_open:
+            connection.close()
+    except Exception:  # closing a broken connection may raise anything; it is gone either way
+        pass

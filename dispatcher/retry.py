@@ -1,0 +1,77 @@
+"""Where retries are decided and scheduled: which answers are retried, and how long to wait.
+
+The status table is PRODUCT.md's "Delivery semantics": 404, 408, 409, 429, 5xx,
+timeouts and connection errors are retried; any other 3xx/4xx goes to the
+dead-letter path at once; 2xx is success.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+RETRYABLE_STATUSES = frozenset({404, 408, 409, 429})
+# Each wait is scaled by a random factor in [1 - JITTER, 1 + JITTER] so that
+# many dispatchers retrying after one outage do not arrive in lock-step.
+JITTER = 0.2
+
+
+class Verdict(Enum):
+    SUCCESS = "success"
+    RETRY = "retry"
+    FAIL = "fail"  # not retryable: dead-letter at once
+
+
+def classify(status: int) -> Verdict:
+    """Verdict for an HTTP status; ``-1`` stands for a timeout or transport error."""
+    if 200 <= status < 300:
+        return Verdict.SUCCESS
+    if status < 0 or status >= 500 or status in RETRYABLE_STATUSES:
+        return Verdict.RETRY
+    return Verdict.FAIL
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Knative's DeliverySpec backoff: ``delay * 2**n`` or ``delay * (n + 1)``, capped."""
+
+    policy: str  # "exponential" | "linear"
+    delay: float
+    maximum: float
+    rng: Callable[[], float] = random.random
+
+    def base(self, retry_number: int) -> float:
+        """Un-jittered wait before retry ``retry_number`` (0 = the first retry)."""
+        if self.policy == "linear":
+            raw = self.delay * (retry_number + 1)
+        else:
+            # Capping the exponent keeps the float finite for absurd retry counts.
+            raw = self.delay * (2.0 ** min(retry_number, 62))
+        return min(raw, self.maximum)
+
+    def wait(self, retry_number: int, retry_after: float | None = None) -> float:
+        jittered = self.base(retry_number) * (1.0 - JITTER + 2.0 * JITTER * self.rng())
+        if retry_after is not None:
+            # The subscriber asked for a pause: honour it, but never beyond our cap.
+            jittered = max(jittered, min(retry_after, self.maximum))
+        return min(jittered, self.maximum)
+
+
+def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP-date); ``None`` if absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now())

@@ -1,0 +1,142 @@
+"""Wires settings into a running service: supervisor, pools, handlers, publisher.
+
+Shutdown order (PRODUCT.md, "Operations"): readiness off and consumers
+cancelled; in-flight work gets ``shutdown.grace`` to finish and be acked;
+then waits are cut short, whatever is still unsettled is left unacked for the
+broker to redeliver, and the connection is closed. Every step is bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import partial
+
+import httpx
+
+from dispatcher.broker import Supervisor
+from dispatcher.broker_params import virtual_host
+from dispatcher.config import BindingSettings, Settings
+from dispatcher.deadletter import DeadLetterer
+from dispatcher.delivery import HttpTarget, make_client
+from dispatcher.handler import Action, Delivery, Handler
+from dispatcher.logs import get_logger
+from dispatcher.metrics import Metrics, code_class
+from dispatcher.pool import WorkerPool
+from dispatcher.publisher import Publisher
+from dispatcher.reply import Replier
+
+log = get_logger()
+
+# After grace, the connection close and the publisher get this long, at most.
+CLOSE_BOUND = 5.0
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics([b.delivery.timeout for b in settings.bindings])
+        # Set once grace is over: retry and requeue waits end, leaving messages unacked.
+        self._give_up = threading.Event()
+        self._stop_requested = threading.Event()
+        self.supervisor = Supervisor(settings.broker, self.metrics)
+        self.publisher = Publisher(settings.broker) if _needs_publisher(settings) else None
+        self._clients: list[httpx.Client] = []
+        self._pools: list[WorkerPool[Delivery]] = []
+        vhost = virtual_host(settings.broker)
+        for binding in settings.bindings:
+            self._add_binding(binding, vhost)
+
+    def _add_binding(self, binding: BindingSettings, vhost: str) -> None:
+        workers = 1 if binding.ordered else binding.parallelism
+        # Room for the subscriber, the dead-letter sink and the reply URL at once.
+        client = make_client(binding.tls, max_connections=workers * 2)
+        self._clients.append(client)
+        publish_timeout = binding.delivery.timeout
+        subscriber = HttpTarget(
+            client, binding.subscriber, binding.delivery, self._give_up,
+            observe=partial(self._observe_attempt, binding.name),
+            max_response_bytes=binding.max_body_size,
+        )
+        sink = (
+            HttpTarget(client, binding.dead_letter.sink, binding.delivery, self._give_up)
+            if binding.dead_letter.sink else None
+        )
+        reply_target = (
+            HttpTarget(client, binding.reply.url, binding.delivery, self._give_up)
+            if binding.reply.url else None
+        )
+        handler = Handler(
+            binding, vhost, subscriber,
+            DeadLetterer(binding.dead_letter, binding.subscriber, binding.content_mode, sink,
+                         self.publisher, publish_timeout),
+            Replier(binding.reply, binding.content_mode, reply_target, self.publisher,
+                    publish_timeout),
+            self.metrics, self._give_up,
+        )
+        pool: WorkerPool[Delivery] = WorkerPool(
+            f"worker-{binding.name}", workers, partial(self._work, binding.name, handler)
+        )
+        self._pools.append(pool)
+        self.supervisor.add_binding(binding, pool.submit)
+
+    def _observe_attempt(self, binding: str, status: int, seconds: float) -> None:
+        self.metrics.attempts.labels(binding, code_class(status)).inc()
+        self.metrics.dispatch_duration.labels(binding).observe(seconds)
+
+    def _work(self, binding: str, handler: Handler, delivery: Delivery) -> None:
+        action = Action.LEAVE
+        try:
+            action = handler.handle(delivery)
+        except Exception:
+            # A bug, not an input problem (those are dead-lettered with a reason).
+            # Give the message back rather than hold its prefetch slot forever.
+            log.exception("handler failed", binding=binding)
+            action = Action.LEAVE if self._give_up.wait(1.0) else Action.REQUEUE
+        finally:
+            self.metrics.inflight.labels(binding).dec()
+            self.supervisor.settle(binding, delivery, action)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        log.info("starting", bindings=[b.name for b in self.settings.bindings])
+        self.supervisor.start()
+
+    def request_stop(self) -> None:
+        """Signal-safe: only sets a flag."""
+        self._stop_requested.set()
+
+    def wait_for_stop(self) -> None:
+        while not self._stop_requested.wait(1.0):
+            pass
+
+    def ready(self) -> bool:
+        return not self._stop_requested.is_set() and self.supervisor.ready()
+
+    def shutdown(self) -> None:
+        grace = self.settings.shutdown.grace
+        log.info("shutdown started", grace_s=grace)
+        deadline = time.monotonic() + grace
+        self.supervisor.begin_shutdown()
+        for pool in self._pools:
+            pool.stop()
+        idle = all(pool.wait_idle(max(0.0, deadline - time.monotonic())) for pool in self._pools)
+        self._give_up.set()
+        if not idle:
+            log.warning("grace period over; unfinished messages stay unacked for redelivery")
+        self.supervisor.finish(timeout=CLOSE_BOUND)
+        if self.publisher is not None:
+            self.publisher.close()
+        for client in self._clients:
+            client.close()
+        log.info("shutdown complete", clean=idle)
+
+    def run(self) -> None:
+        self.start()
+        self.wait_for_stop()
+        self.shutdown()
+
+
+def _needs_publisher(settings: Settings) -> bool:
+    return any(b.dead_letter.exchange or b.reply.exchange for b in settings.bindings)
