@@ -19,6 +19,7 @@ worker threads read (current connection, generations, pending verdicts).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import threading
@@ -140,10 +141,9 @@ class Supervisor:
 
     @staticmethod
     def _call_soon(connection: Any, callback: Callable[[], None]) -> None:
-        try:
+        # Raises once the loop is closed: the connection is gone, and so is the need.
+        with contextlib.suppress(Exception):
             connection.ioloop.add_callback_threadsafe(callback)
-        except Exception:  # the loop is closed: the connection is gone, and so is the need
-            pass
 
     # ----------------------------------------------------------------- the pika thread
 
@@ -213,7 +213,9 @@ class Supervisor:
         connection.ioloop.stop()
 
     def _on_close(self, connection: Any, reason: Exception) -> None:
-        if not self._stopping.is_set():
+        if self._stopping.is_set():
+            self._close_reason = "shutdown"
+        else:
             self._close_reason = _close_reason(reason, self._close_reason)
         log.info("broker connection closed", reason=self._close_reason, detail=_describe(reason))
         connection.ioloop.stop()
@@ -249,7 +251,9 @@ class Supervisor:
         if declare.delivery_limit is not None:
             arguments["x-delivery-limit"] = declare.delivery_limit
         channel.queue_declare(
-            b.settings.queue, durable=declare.durable, arguments=arguments,
+            b.settings.queue,
+            durable=declare.durable,
+            arguments=arguments,
             callback=lambda _frame: self._set_qos(b, channel, generation),
         )
 
@@ -264,10 +268,10 @@ class Supervisor:
         )
 
     def _consume(self, b: _Binding, channel: Any, generation: int) -> None:
-        tag = channel.basic_consume(
+        channel.basic_consume(
             b.settings.queue,
             on_message_callback=partial(self._on_message, b, generation),
-            callback=lambda _frame: self._on_consuming(b, generation, tag),
+            callback=lambda frame: self._on_consuming(b, generation, frame.method.consumer_tag),
         )
 
     def _on_consuming(self, b: _Binding, generation: int, tag: str) -> None:
@@ -312,7 +316,10 @@ class Supervisor:
         delay = self._backoff(b.failures)
         b.failures += 1
         log.warning(
-            "channel closed", binding=b.settings.name, reason=label, detail=_describe(reason),
+            "channel closed",
+            binding=b.settings.name,
+            reason=label,
+            detail=_describe(reason),
             retry_in_s=round(delay, 3),
         )
         connection.ioloop.call_later(delay, partial(self._open_channel, connection, b))
@@ -370,18 +377,23 @@ class Supervisor:
 
 
 def _close_channel(channel: Any) -> None:
-    try:
+    with contextlib.suppress(pika.exceptions.AMQPError):
         channel.close()
-    except pika.exceptions.AMQPError:
-        pass
 
 
 def _identity_properties(props: Any) -> dict[str, Any]:
     """Properties that identify a message across redeliveries (for wrapped ids)."""
     return {
         name: value
-        for name in ("content_encoding", "correlation_id", "reply_to", "timestamp", "type",
-                     "app_id", "user_id")
+        for name in (
+            "content_encoding",
+            "correlation_id",
+            "reply_to",
+            "timestamp",
+            "type",
+            "app_id",
+            "user_id",
+        )
         if (value := getattr(props, name, None)) is not None
     }
 

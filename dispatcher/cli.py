@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     ):
         command = commands.add_parser(name, help=text, description=text)
         command.add_argument(
-            "--config", metavar="PATH",
+            "--config",
+            metavar="PATH",
             help="config file (default: $DISPATCHER_CONFIG, else config/dispatcher.yaml)",
         )
     return parser

@@ -628,8 +628,9 @@ def _split_listen(listen: str) -> tuple[str, int]:
         if ":" in host:
             raise ValueError("IPv6 hosts must be in brackets ([::]:9090)")
         host = host or "0.0.0.0"
-    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
-        raise ValueError("port must be 1..65535")
+    # Port 0 asks the OS for a free port (tests, several instances on one host).
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
+        raise ValueError("port must be 0..65535")
     return host, int(port_text)
 
 

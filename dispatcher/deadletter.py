@@ -92,7 +92,9 @@ class DeadLetterer:
         if outcome.result is Result.DELIVERED:
             return True
         log.warning(
-            "dead-letter sink refused", ce_id=letter.id, status=outcome.last.status,
+            "dead-letter sink refused",
+            ce_id=letter.id,
+            status=outcome.last.status,
             error=outcome.last.error,
         )
         return False
@@ -101,10 +103,16 @@ class DeadLetterer:
         headers, content_type = events.to_amqp_headers(letter)
         try:
             publisher.publish(
-                exchange, self._settings.routing_key, letter.data or b"", headers, content_type,
+                exchange,
+                self._settings.routing_key,
+                letter.data or b"",
+                headers,
+                content_type,
                 timeout=self._publish_timeout,
             )
         except PublishError as e:
-            log.warning("dead-letter publish failed", ce_id=letter.id, exchange=exchange, error=str(e))
+            log.warning(
+                "dead-letter publish failed", ce_id=letter.id, exchange=exchange, error=str(e)
+            )
             return False
         return True

@@ -141,7 +141,10 @@ class HttpTarget:
     def _post(self, request: HttpRequestParts, deadline: float, budget: float) -> Attempt:
         try:
             with self._client.stream(
-                "POST", self.url, headers=request.headers, content=request.body,
+                "POST",
+                self.url,
+                headers=request.headers,
+                content=request.body,
                 timeout=httpx.Timeout(budget),
             ) as response:
                 limit = (
@@ -156,9 +159,7 @@ class HttpTarget:
         except httpx.HTTPError as e:
             return Attempt(-1, error=f"{type(e).__name__}: {e}"[:200])
 
-    def _read(
-        self, response: httpx.Response, deadline: float, limit: int
-    ) -> tuple[bytes, bool]:
+    def _read(self, response: httpx.Response, deadline: float, limit: int) -> tuple[bytes, bool]:
         chunks: list[bytes] = []
         size = 0
         for chunk in response.iter_bytes():

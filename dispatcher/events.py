@@ -49,9 +49,16 @@ _ATTR_NAME: Final = re.compile(r"^[a-z0-9]{1,64}$")
 # Headers the broker adds or changes on redelivery; an id derived from them
 # would not be stable.
 _VOLATILE_HEADERS: Final = frozenset(
-    {"x-delivery-count", "x-death", "x-first-death-exchange", "x-first-death-queue",
-     "x-first-death-reason", "x-last-death-exchange", "x-last-death-queue",
-     "x-last-death-reason"}
+    {
+        "x-delivery-count",
+        "x-death",
+        "x-first-death-exchange",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-last-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+    }
 )
 # The CloudEvents HTTP binding (3.1.3.2): printable ASCII except space, '"' and '%'.
 _HTTP_SAFE: Final = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
@@ -129,7 +136,7 @@ def _binary_attributes(headers: Mapping[str, Any]) -> dict[str, str] | None:
     for prefix in _PREFIXES:
         if prefix + "specversion" in lowered:
             return {
-                name[len(prefix):]: _header_text(original, value)
+                name[len(prefix) :]: _header_text(original, value)
                 for name, (original, value) in lowered.items()
                 if name.startswith(prefix) and value is not None
             }
@@ -231,17 +238,24 @@ def validated(attributes: dict[str, str], data: bytes | None) -> Event:
     specversion = attributes.get("specversion")
     if specversion != SPECVERSION:
         raise EventError(f"unsupported specversion {specversion!r} (only 1.0 is accepted)")
+    # The SDK's constructor invents a missing id (uuid4) and time (now), so
+    # presence must be checked here: an event without an id is malformed.
+    missing = [name for name in ("id", "source", "type") if not attributes.get(name)]
+    if missing:
+        raise EventError(f"missing required attribute(s): {', '.join(missing)}")
     typed: dict[str, Any] = dict(attributes)
     if "time" in typed:
         try:
             typed["time"] = isoparse(typed["time"])
         except (ValueError, OverflowError) as e:
-            raise EventError(f"attribute 'time' is not an RFC 3339 timestamp: {typed['time']!r}") from e
+            raise EventError(
+                f"attribute 'time' is not an RFC 3339 timestamp: {typed['time']!r}"
+            ) from e
         if typed["time"].tzinfo is None:
             raise EventError("attribute 'time' has no time zone")
     try:
-        # The SDK validates in its constructor. It adds 'time' to the dict it
-        # is given when absent, so it gets a copy.
+        # The SDK validates in its constructor (names, types, time zone). It
+        # writes into the dict it is given, so it gets a copy.
         CloudEvent(typed)
     except BaseCloudEventException as e:  # not a ValueError: see FIELD-NOTES
         raise EventError(f"invalid CloudEvent: {_sdk_reason(e)}") from e
@@ -249,9 +263,11 @@ def validated(attributes: dict[str, str], data: bytes | None) -> Event:
 
 
 def _sdk_reason(error: BaseCloudEventException) -> str:
+    # The SDK reports up to three problems per attribute (missing, empty, wrong
+    # type); the first one says it.
     errors = getattr(error, "errors", None)
-    if isinstance(errors, dict):
-        return "; ".join(str(e) for problems in errors.values() for e in problems) or str(error)
+    if isinstance(errors, dict) and errors:
+        return "; ".join(str(problems[0]) for problems in errors.values() if problems)
     return str(error)
 
 
@@ -350,14 +366,11 @@ def trace_headers(headers: Mapping[str, Any]) -> dict[str, str]:
     found: dict[str, str] = {}
     for name, value in headers.items():
         lowered = name.lower()
-        if lowered in TRACE_HEADERS:
-            if isinstance(value, bytes):
-                try:
-                    value = value.decode("ascii")
-                except UnicodeDecodeError:
-                    continue
-            if isinstance(value, str) and value.isprintable() and value.isascii():
-                found[lowered] = value
+        if lowered not in TRACE_HEADERS:
+            continue
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if isinstance(text, str) and text.isprintable() and text.isascii():
+            found[lowered] = text
     return found
 
 

@@ -93,7 +93,9 @@ class Handler:
         self._clock = clock
         d = binding.delivery
         self._requeue_backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
-        self._own_dlx = binding.declare is not None and binding.declare.dead_letter_exchange is not None
+        self._own_dlx = (
+            binding.declare is not None and binding.declare.dead_letter_exchange is not None
+        )
 
     def handle(self, delivery: Delivery) -> Action:
         started = self._clock()
@@ -187,7 +189,6 @@ class Handler:
     def _record(self, delivery: Delivery, event: Event, final: _Final, started: float) -> None:
         if final.outcome is None:
             return
-        self._metrics.events.labels(self._binding.name, final.outcome).inc()
         fields: dict[str, Any] = {
             "binding": self._binding.name,
             "outcome": final.outcome,
@@ -202,3 +203,5 @@ class Handler:
         if final.reason:
             fields["reason"] = final.reason
         log.info("delivery", **fields)
+        # After the log line: whoever waits on the counter can rely on the line.
+        self._metrics.events.labels(self._binding.name, final.outcome).inc()

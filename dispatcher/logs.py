@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import structlog
@@ -26,25 +25,13 @@ def configure(level: str = "info", fmt: str = "json") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=_LineFlushingStdout()),
+        # PrintLogger flushes every line and writes to the current sys.stdout.
+        logger_factory=structlog.PrintLoggerFactory(),
         cache_logger_on_first_use=False,
     )
     # pika logs connection trouble at WARNING/ERROR through stdlib logging; our
     # own lifecycle lines say the same with the reason, so keep pika quiet.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
-
-
-class _LineFlushingStdout:
-    """stdout looked up per write (tests swap it) and flushed per line."""
-
-    def write(self, text: str) -> int:
-        written = sys.stdout.write(text)
-        if text.endswith("\n"):
-            sys.stdout.flush()
-        return written
-
-    def flush(self) -> None:
-        sys.stdout.flush()
 
 
 def get_logger(**initial: Any) -> Any:

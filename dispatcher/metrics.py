@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # `_created` series double the scrape size and no dashboard reads them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 OUTCOMES = ("delivered", "dead_lettered", "requeued", "rejected")
 CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
@@ -35,40 +35,56 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.events = Counter(
-            "dispatcher_events", "Final outcome of each message.", ["binding", "outcome"],
+            "dispatcher_events",
+            "Final outcome of each message.",
+            ["binding", "outcome"],
             registry=r,
         )
         self.attempts = Counter(
-            "dispatcher_delivery_attempts", "HTTP delivery attempts by status class.",
-            ["binding", "code_class"], registry=r,
+            "dispatcher_delivery_attempts",
+            "HTTP delivery attempts by status class.",
+            ["binding", "code_class"],
+            registry=r,
         )
         self.dispatch_duration = Histogram(
-            "dispatcher_dispatch_duration_seconds", "Duration of one HTTP delivery attempt.",
-            ["binding"], buckets=duration_buckets(timeouts or [10.0]), registry=r,
+            "dispatcher_dispatch_duration_seconds",
+            "Duration of one HTTP delivery attempt.",
+            ["binding"],
+            buckets=duration_buckets(timeouts or [10.0]),
+            registry=r,
         )
         self.inflight = Gauge(
-            "dispatcher_inflight", "Messages received and not yet settled.", ["binding"],
+            "dispatcher_inflight",
+            "Messages received and not yet settled.",
+            ["binding"],
             registry=r,
         )
         self.consumer_up = Gauge(
-            "dispatcher_consumer_up", "1 while the binding has a live consumer.", ["binding"],
+            "dispatcher_consumer_up",
+            "1 while the binding has a live consumer.",
+            ["binding"],
             registry=r,
         )
         self.broker_connected = Gauge(
             "dispatcher_broker_connected", "1 while the consuming connection is open.", registry=r
         )
         self.reconnects = Counter(
-            "dispatcher_reconnects", "Connection or channel rebuilds, by reason.", ["reason"],
+            "dispatcher_reconnects",
+            "Connection or channel rebuilds, by reason.",
+            ["reason"],
             registry=r,
         )
         self.stale_acks = Counter(
             "dispatcher_stale_acks",
-            "Settlements dropped because their channel generation was gone.", ["binding"],
+            "Settlements dropped because their channel generation was gone.",
+            ["binding"],
             registry=r,
         )
         self.duplicates_suppressed = Counter(
             "dispatcher_duplicates_suppressed",
-            "Redeliveries settled without a second request.", ["binding"], registry=r,
+            "Redeliveries settled without a second request.",
+            ["binding"],
+            registry=r,
         )
         self.broker_blocked = Gauge(
             "dispatcher_broker_blocked", "1 while the broker has blocked a connection.", registry=r

@@ -25,8 +25,7 @@ class WorkerPool(Generic[T]):
         self._busy = 0
         self._idle = threading.Condition()
         self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
-            for i in range(size)
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(size)
         ]
         for thread in self._threads:
             thread.start()

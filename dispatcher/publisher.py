@@ -88,9 +88,7 @@ class Publisher:
             if self._closed:
                 raise PublishError("publisher is closed")
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="publisher", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
                 self._thread.start()
 
     # ----------------------------------------------------------------- publisher thread
@@ -127,12 +125,20 @@ class Publisher:
                 request.error = "timed out before it could be published"
                 break
             try:
-                if connection is None or not connection.is_open or channel is None or channel.is_closed:
+                if (
+                    connection is None
+                    or not connection.is_open
+                    or channel is None
+                    or channel.is_closed
+                ):
                     _close_quietly(connection)
                     connection, channel = self._connect()
                 channel.basic_publish(
-                    request.exchange, request.routing_key, request.body,
-                    properties=request.properties, mandatory=True,
+                    request.exchange,
+                    request.routing_key,
+                    request.body,
+                    properties=request.properties,
+                    mandatory=True,
                 )
                 request.error = None
                 break

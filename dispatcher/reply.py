@@ -1,4 +1,6 @@
-"""Replies: a CloudEvent in a subscriber's 2xx answer goes to ``reply.exchange`` or ``reply.url``."""
+"""Replies: a CloudEvent in a subscriber's 2xx answer goes to ``reply.exchange``
+or ``reply.url``.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +44,12 @@ class Replier:
             headers, content_type = events.to_amqp_headers(reply)
             try:
                 self._publisher.publish(
-                    self._settings.exchange, self._settings.routing_key, reply.data or b"",
-                    headers, content_type, timeout=self._publish_timeout,
+                    self._settings.exchange,
+                    self._settings.routing_key,
+                    reply.data or b"",
+                    headers,
+                    content_type,
+                    timeout=self._publish_timeout,
                 )
             except PublishError as e:
                 return f"reply publish failed: {e}"

@@ -62,7 +62,7 @@ class Backoff:
 
 
 def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP-date); ``None`` if absent or bad."""
+    """Seconds from a ``Retry-After`` (delta-seconds or HTTP-date); ``None`` if absent or bad."""
     if not value:
         return None
     value = value.strip()

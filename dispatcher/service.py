@@ -54,25 +54,40 @@ class Service:
         self._clients.append(client)
         publish_timeout = binding.delivery.timeout
         subscriber = HttpTarget(
-            client, binding.subscriber, binding.delivery, self._give_up,
+            client,
+            binding.subscriber,
+            binding.delivery,
+            self._give_up,
             observe=partial(self._observe_attempt, binding.name),
             max_response_bytes=binding.max_body_size,
         )
         sink = (
             HttpTarget(client, binding.dead_letter.sink, binding.delivery, self._give_up)
-            if binding.dead_letter.sink else None
+            if binding.dead_letter.sink
+            else None
         )
         reply_target = (
             HttpTarget(client, binding.reply.url, binding.delivery, self._give_up)
-            if binding.reply.url else None
+            if binding.reply.url
+            else None
         )
         handler = Handler(
-            binding, vhost, subscriber,
-            DeadLetterer(binding.dead_letter, binding.subscriber, binding.content_mode, sink,
-                         self.publisher, publish_timeout),
-            Replier(binding.reply, binding.content_mode, reply_target, self.publisher,
-                    publish_timeout),
-            self.metrics, self._give_up,
+            binding,
+            vhost,
+            subscriber,
+            DeadLetterer(
+                binding.dead_letter,
+                binding.subscriber,
+                binding.content_mode,
+                sink,
+                self.publisher,
+                publish_timeout,
+            ),
+            Replier(
+                binding.reply, binding.content_mode, reply_target, self.publisher, publish_timeout
+            ),
+            self.metrics,
+            self._give_up,
         )
         pool: WorkerPool[Delivery] = WorkerPool(
             f"worker-{binding.name}", workers, partial(self._work, binding.name, handler)

@@ -1,0 +1,118 @@
+"""Shared fixtures: a programmable HTTP subscriber and an in-process service
+on the shared broker.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dispatcher import logs
+from dispatcher.config import settings_from_dict
+from dispatcher.service import Service
+from tests.support import broker
+from tests.support.subscriber import Subscriber
+
+logs.configure("debug", "json")
+
+
+@pytest.fixture
+def subscriber() -> Iterator[Subscriber]:
+    sub = Subscriber()
+    yield sub
+    sub.close()
+
+
+@pytest.fixture
+def make_subscriber() -> Iterator[Callable[..., Subscriber]]:
+    made: list[Subscriber] = []
+
+    def make(behaviour: Any = None) -> Subscriber:
+        sub = Subscriber(behaviour)
+        made.append(sub)
+        return sub
+
+    yield make
+    for sub in made:
+        sub.close()
+
+
+def binding_config(queue: str, subscriber_url: str, **overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": "b",
+        "queue": queue,
+        "declare": {"durable": True, "type": "classic"},
+        "subscriber": subscriber_url,
+        "parallelism": 4,
+        "delivery": {"retry": 2, "backoff_delay": "10ms", "backoff_max": "100ms", "timeout": "2s"},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return raw
+
+
+class RunningService:
+    def __init__(self, service: Service, queue: str) -> None:
+        self.service = service
+        self.queue = queue
+        self.metrics = service.metrics
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.metrics.value(name, labels)
+
+    def events(self, outcome: str, binding: str = "b") -> float:
+        return self.value("dispatcher_events_total", binding=binding, outcome=outcome)
+
+    def wait_events(self, outcome: str, count: int, timeout: float = 10.0) -> None:
+        broker.wait_until(
+            lambda: self.events(outcome) >= count,
+            timeout,
+            f"{count} '{outcome}' outcomes (have {self.events(outcome)})",
+        )
+
+
+@pytest.fixture
+def run_service() -> Iterator[Callable[..., RunningService]]:
+    """Start a service with one binding ``b`` on a fresh queue; everything is deleted after."""
+    started: list[Service] = []
+    queues: list[str] = []
+    exchanges: list[str] = []
+
+    def start(
+        subscriber_url: str,
+        queue: str | None = None,
+        extra_queues: list[str] | None = None,
+        extra_exchanges: list[str] | None = None,
+        top: dict[str, Any] | None = None,
+        **binding: Any,
+    ) -> RunningService:
+        queue = queue or broker.unique("q")
+        queues.append(queue)
+        queues.extend(extra_queues or [])
+        exchanges.extend(extra_exchanges or [])
+        raw: dict[str, Any] = {
+            "broker": {
+                "url": broker.URL,
+                "reconnect": {"initial_delay": "50ms", "max_delay": "1s"},
+            },
+            "shutdown": {"grace": "3s"},
+            "bindings": [binding_config(queue, subscriber_url, **copy.deepcopy(binding))],
+            **(top or {}),
+        }
+        service = Service(settings_from_dict(raw, {}))
+        service.start()
+        started.append(service)
+        broker.wait_until(service.ready, 15, "the service to have a consumer")
+        return RunningService(service, queue)
+
+    yield start
+    for service in started:
+        service.request_stop()
+        service.shutdown()
+    broker.delete(queues, exchanges)

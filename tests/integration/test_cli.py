@@ -1,0 +1,156 @@
+"""The command line as users run it: real processes, exit codes, stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import broker
+from tests.support.broker import event_headers, publish
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dispatcher(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def write_config(
+    tmp_path: Path, queue: str, subscriber: str, password: str = "s3cret", **top: object
+) -> Path:
+    config = {
+        "broker": {"url": f"amqp://guest:{password}@127.0.0.1:5672/%2F"},
+        "http": {"listen": "127.0.0.1:0"},
+        "shutdown": {"grace": "2s"},
+        "bindings": [
+            {"name": "cli", "queue": queue, "subscriber": subscriber, "declare": {"durable": True}}
+        ],
+        **top,
+    }
+    path = tmp_path / "dispatcher.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_check_prints_the_effective_config_with_the_password_redacted(tmp_path):
+    path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
+    result = dispatcher("check", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "s3cret" not in result.stdout
+    assert "amqp://guest:***@127.0.0.1:5672/%2F" in result.stdout
+    assert yaml.safe_load(result.stdout)["bindings"][0]["delivery"]["retry"] == 5
+
+
+def test_check_reads_dispatcher_config_and_rabbitmq_url(tmp_path):
+    path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
+    result = dispatcher(
+        "check",
+        env={"DISPATCHER_CONFIG": str(path), "RABBITMQ_URL": "amqp://u:hunter2@elsewhere:5672/v"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "amqp://u:***@elsewhere:5672/v" in result.stdout
+    assert "hunter2" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda c: c["bindings"][0].update(delivery={"retry": -1}),
+            "bindings[0].delivery.retry: must be >= 0",
+        ),
+        (lambda c: c.update(colour="blue"), "colour: unknown key"),
+        (lambda c: c["bindings"][0].update(parallelism="ten"), "bindings[0].parallelism"),
+    ],
+)
+def test_bad_config_exits_2_naming_the_key_without_traceback(tmp_path, mutate, expected):
+    path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
+    config = yaml.safe_load(path.read_text())
+    mutate(config)
+    path.write_text(yaml.safe_dump(config))
+    for command in ("check", "run"):
+        result = dispatcher(command, "--config", str(path))
+        assert result.returncode == 2
+        assert expected in result.stderr
+        assert "Traceback" not in result.stderr
+        assert "s3cret" not in result.stderr
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    result = dispatcher("check", "--config", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2
+    assert "nope.yaml" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_console_script_and_launcher_exist(tmp_path):
+    path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
+    script = Path(sys.executable).parent / "dispatcher"
+    console = subprocess.run(
+        [str(script), "check", "--config", str(path)], capture_output=True, timeout=60, check=False
+    )
+    assert console.returncode == 0
+    launcher = subprocess.run(
+        [sys.executable, str(ROOT / "cmd" / "dispatcher.py"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert launcher.stdout.startswith("dispatcher ")
+    assert not (ROOT / "cmd" / "__init__.py").exists()
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(60)
+def test_run_delivers_then_stops_cleanly_on_sigterm(tmp_path, subscriber):
+    queue = broker.unique("cli")
+    path = write_config(tmp_path, queue, subscriber.url, password="guest")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dispatcher", "run", "--config", str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = []
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(json.loads(line))
+            if lines[-1]["event"] == "consumer attached":
+                break
+        publish(queue, headers=event_headers("cli-1"))
+        for line in process.stdout:
+            lines.append(json.loads(line))
+            if lines[-1]["event"] == "delivery":
+                break
+        assert lines[-1]["ce_id"] == "cli-1"
+        assert subscriber.requests[0].headers["ce-id"] == "cli-1"
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        assert time.monotonic() - started < 2 + 5  # grace + close bound
+        output = process.stdout.read()
+        assert "shutdown complete" in output
+        assert "guest:guest" not in output + json.dumps(lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        broker.delete([queue])

@@ -1,0 +1,358 @@
+"""The delivery core end to end: real broker, real HTTP subscriber, the service in-process."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from urllib.parse import unquote
+
+import pytest
+
+from tests.support import broker
+from tests.support.broker import event_headers, publish, publish_events, queue_depth, wait_until
+from tests.support.subscriber import Received, Reply
+
+pytestmark = pytest.mark.broker
+
+
+def test_binary_event_is_delivered_with_its_attributes_and_acked(subscriber, run_service):
+    svc = run_service(subscriber.url)
+    publish(
+        svc.queue,
+        b'{"hello": "world"}',
+        headers=event_headers(
+            "e-1", **{"ce-subject": "caf\u00e9 & 100%", "ce-time": "2026-01-02T03:04:05Z"}
+        ),
+    )
+    [request] = subscriber.wait_for(1)
+    assert request.headers["ce-id"] == "e-1"
+    assert request.headers["ce-specversion"] == "1.0"
+    assert request.headers["ce-type"] == "dev.tests.event"
+    assert request.headers["ce-time"] == "2026-01-02T03:04:05Z"
+    # The HTTP binding percent-encodes non-ASCII, space, '"' and '%'.
+    assert request.headers["ce-subject"] == "caf%C3%A9%20&%20100%25"
+    assert request.headers["content-type"] == "application/json"
+    assert request.body == b'{"hello": "world"}'  # forwarded byte for byte
+    svc.wait_events("delivered", 1)
+    wait_until(lambda: queue_depth(svc.queue) == 0, message="the queue to drain")
+    assert svc.value("dispatcher_delivery_attempts_total", binding="b", code_class="2xx") == 1
+
+
+def test_structured_mode_sends_the_json_event_format(subscriber, run_service):
+    svc = run_service(subscriber.url, content_mode="structured")
+    publish(svc.queue, b'{"n": 1}', headers=event_headers("s-1"))
+    [request] = subscriber.wait_for(1)
+    assert request.headers["content-type"] == "application/cloudevents+json"
+    document = json.loads(request.body)
+    assert document["id"] == "s-1"
+    assert document["datacontenttype"] == "application/json"
+    assert document["data"] == {"n": 1}
+
+
+def test_structured_amqp_message_is_accepted(subscriber, run_service):
+    svc = run_service(subscriber.url)
+    document = {
+        "specversion": "1.0",
+        "id": "st-1",
+        "source": "/s",
+        "type": "t",
+        "datacontenttype": "text/plain",
+        "data": "hi",
+    }
+    publish(svc.queue, json.dumps(document).encode(), content_type="application/cloudevents+json")
+    [request] = subscriber.wait_for(1)
+    assert request.headers["ce-id"] == "st-1"
+    assert request.headers["content-type"] == "text/plain"
+    assert request.body == b"hi"
+
+
+def test_trace_headers_pass_through(subscriber, run_service):
+    svc = run_service(subscriber.url)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    publish(
+        svc.queue,
+        headers={
+            **event_headers("t-1"),
+            "traceparent": traceparent,
+            "tracestate": "rojo=00f067aa0ba902b7",
+        },
+    )
+    [request] = subscriber.wait_for(1)
+    assert request.headers["traceparent"] == traceparent
+    assert request.headers["tracestate"] == "rojo=00f067aa0ba902b7"
+
+
+def test_non_cloudevent_is_wrapped_with_a_stable_id(subscriber, run_service):
+    svc = run_service(subscriber.url)
+    publish(svc.queue, b"plain", content_type="text/plain", message_id="m-42")
+    publish(svc.queue, b"no id", content_type="text/plain")
+    requests = subscriber.wait_for(2)
+    by_body = {r.body: r for r in requests}
+    assert by_body[b"plain"].headers["ce-id"] == "m-42"
+    assert by_body[b"plain"].headers["ce-type"] == "dev.dispatcher.rabbitmq.message"
+    assert by_body[b"plain"].headers["ce-source"] == f"rabbitmq://%252F/{svc.queue}"
+    assert len(by_body[b"no id"].headers["ce-id"]) == 64  # a sha256 digest
+
+
+def test_retryable_statuses_are_retried_then_delivered(make_subscriber, run_service):
+    statuses = [503, 429, 404, 200]
+    sub = make_subscriber(lambda _r, i: Reply(statuses[i] if i < len(statuses) else 200))
+    svc = run_service(sub.url, delivery={"retry": 3})
+    publish(svc.queue, headers=event_headers("r-1"))
+    svc.wait_events("delivered", 1)
+    assert len(sub.requests) == 4
+    assert svc.value("dispatcher_delivery_attempts_total", binding="b", code_class="5xx") == 1
+    assert svc.value("dispatcher_delivery_attempts_total", binding="b", code_class="4xx") == 2
+
+
+def test_non_retryable_4xx_is_dead_lettered_at_once_to_the_sink(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(400, body=b"bad request: field x"))
+    sink = make_subscriber()
+    svc = run_service(sub.url, delivery={"retry": 5}, dead_letter={"sink": sink.url})
+    publish(svc.queue, b'{"a": 1}', headers=event_headers("d-1"))
+    [letter] = sink.wait_for(1)
+    svc.wait_events("dead_lettered", 1)
+    assert len(sub.requests) == 1  # no retry for a 400
+    assert letter.headers["ce-id"] == "d-1"
+    assert letter.headers["ce-knativeerrorcode"] == "400"
+    assert letter.headers["ce-knativeerrordest"] == sub.url
+    assert base64.b64decode(letter.headers["ce-knativeerrordata"]) == b"bad request: field x"
+    assert letter.body == b'{"a": 1}'
+    wait_until(lambda: queue_depth(svc.queue) == 0, message="the queue to drain")
+
+
+def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(500, body=b"x" * 5000))
+    exchange, dlq = broker.unique("dlx"), broker.unique("dlq")
+    with broker.channel() as ch:
+        ch.exchange_declare(exchange, "fanout")
+        ch.queue_declare(dlq)
+        ch.queue_bind(dlq, exchange)
+    svc = run_service(
+        sub.url,
+        delivery={"retry": 1},
+        dead_letter={"exchange": exchange},
+        extra_queues=[dlq],
+        extra_exchanges=[exchange],
+    )
+    publish(svc.queue, b'{"a": 2}', headers=event_headers("d-2"))
+    svc.wait_events("dead_lettered", 1)
+    assert len(sub.requests) == 2
+    [(props, body)] = wait_until(lambda: broker.get_all(dlq), message="the dead letter")
+    assert props.headers["ce-id"] == "d-2"
+    assert props.headers["ce-knativeerrorcode"] == "500"
+    assert len(props.headers["ce-knativeerrordata"]) == 1024  # capped
+    assert props.delivery_mode == 2
+    assert body == b'{"a": 2}'
+
+
+def test_failed_dead_letter_is_never_acked_but_requeued(make_subscriber, run_service):
+    """Sink down, no DLX: the message must come back, not be lost (invariant 1)."""
+    sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
+    sink = make_subscriber(lambda _r, _i: Reply(500))
+    svc = run_service(sub.url, delivery={"retry": 0}, dead_letter={"sink": sink.url})
+    publish(svc.queue, headers=event_headers("k-1"))
+    svc.wait_events("requeued", 1)
+    svc.wait_events("delivered", 1)  # the redelivery got the 200
+    assert svc.events("dead_lettered") == 0
+    assert sub.ids() == ["k-1", "k-1"]
+
+
+def test_no_target_and_a_queue_dlx_rejects_into_the_dlx(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(422))
+    exchange, dlq = broker.unique("qdlx"), broker.unique("qdlq")
+    with broker.channel() as ch:
+        ch.exchange_declare(exchange, "fanout")
+        ch.queue_declare(dlq)
+        ch.queue_bind(dlq, exchange)
+    svc = run_service(
+        sub.url,
+        declare={"dead_letter_exchange": exchange},
+        extra_queues=[dlq],
+        extra_exchanges=[exchange],
+    )
+    publish(svc.queue, headers=event_headers("x-1"))
+    svc.wait_events("rejected", 1)
+    [(props, _body)] = wait_until(lambda: broker.get_all(dlq), message="the broker's dead letter")
+    assert props.headers["ce-id"] == "x-1"
+    assert props.headers["x-death"][0]["reason"] == "rejected"
+
+
+def test_malformed_event_is_dead_lettered_with_the_reason(make_subscriber, run_service):
+    sub = make_subscriber()
+    sink = make_subscriber()
+    svc = run_service(sub.url, dead_letter={"sink": sink.url})
+    publish(
+        svc.queue, b"body", headers={"ce-specversion": "1.0", "ce-source": "/s"}
+    )  # no id, no type
+    [letter] = sink.wait_for(1)
+    svc.wait_events("dead_lettered", 1)
+    assert sub.requests == []
+    assert "malformed CloudEvent" in unquote(letter.headers["ce-dispatchererror"])
+    assert "missing required attribute(s): id, type" in unquote(
+        letter.headers["ce-dispatchererror"]
+    )
+    assert letter.headers["ce-knativeerrorcode"] == "-1"
+    assert letter.body == b"body"  # the original bytes survive in the wrapped letter
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({"ce-subject": "a\r\nx-injected: 1"}, "control characters"),
+        ({"ce-subject": b"\xff\xfe"}, "not valid UTF-8"),
+        ({"ce-subject": {"nested": "table"}}, "type dict"),
+    ],
+)
+def test_bad_header_values_are_dead_lettered(make_subscriber, run_service, headers, reason):
+    sub = make_subscriber()
+    sink = make_subscriber()
+    svc = run_service(sub.url, dead_letter={"sink": sink.url})
+    publish(svc.queue, headers={**event_headers("h-1"), **headers})
+    [letter] = sink.wait_for(1)
+    assert reason in unquote(letter.headers["ce-dispatchererror"])
+    assert sub.requests == []
+    svc.wait_events("dead_lettered", 1)
+
+
+def test_oversized_body_is_dead_lettered(make_subscriber, run_service):
+    sub = make_subscriber()
+    sink = make_subscriber()
+    svc = run_service(sub.url, dead_letter={"sink": sink.url}, max_body_size=1024)
+    publish(svc.queue, b"x" * 2048, headers=event_headers("big-1"))
+    [letter] = sink.wait_for(1)
+    assert "exceeds max_body_size 1024" in unquote(letter.headers["ce-dispatchererror"])
+    assert len(letter.body) == 2048
+    assert sub.requests == []
+
+
+def test_non_cloudevent_with_dead_letter_policy(make_subscriber, run_service):
+    sub = make_subscriber()
+    sink = make_subscriber()
+    svc = run_service(sub.url, dead_letter={"sink": sink.url}, non_cloudevent="dead_letter")
+    publish(svc.queue, b"raw", content_type="text/plain")
+    [letter] = sink.wait_for(1)
+    assert "not a CloudEvent" in unquote(letter.headers["ce-dispatchererror"])
+    assert sub.requests == []
+
+
+REPLY = {
+    "ce-specversion": "1.0",
+    "ce-id": "reply-1",
+    "ce-source": "/subscriber",
+    "ce-type": "dev.tests.reply",
+    "content-type": "application/json",
+}
+
+
+def test_reply_is_published_to_the_reply_exchange_before_the_ack(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b'{"r": 1}'))
+    exchange, replies = broker.unique("rx"), broker.unique("rq")
+    with broker.channel() as ch:
+        ch.exchange_declare(exchange, "fanout")
+        ch.queue_declare(replies)
+        ch.queue_bind(replies, exchange)
+    svc = run_service(
+        sub.url, reply={"exchange": exchange}, extra_queues=[replies], extra_exchanges=[exchange]
+    )
+    publish(svc.queue, headers=event_headers("q-1"))
+    svc.wait_events("delivered", 1)
+    [(props, body)] = wait_until(lambda: broker.get_all(replies), message="the reply")
+    assert props.headers["ce-id"] == "reply-1"
+    assert props.headers["ce-type"] == "dev.tests.reply"
+    assert props.content_type == "application/json"
+    assert body == b'{"r": 1}'
+
+
+def test_reply_to_a_missing_exchange_is_not_acked(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
+    svc = run_service(sub.url, reply={"exchange": broker.unique("missing")})
+    publish(svc.queue, headers=event_headers("q-2"))
+    svc.wait_events("requeued", 1)
+    assert svc.events("delivered") == 0
+
+
+def test_reply_is_posted_to_the_reply_url(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b'{"r": 2}'))
+    ingress = make_subscriber(lambda _r, _i: Reply(202))
+    svc = run_service(sub.url, reply={"url": ingress.url})
+    publish(svc.queue, headers=event_headers("q-3"))
+    [forwarded] = ingress.wait_for(1)
+    svc.wait_events("delivered", 1)
+    assert forwarded.headers["ce-id"] == "reply-1"
+    assert forwarded.body == b'{"r": 2}'
+
+
+def test_invalid_reply_dead_letters_the_event_with_a_reason(make_subscriber, run_service):
+    bad = {"ce-specversion": "1.0", "ce-source": "/subscriber", "ce-type": "t"}  # no id
+    sub = make_subscriber(lambda _r, _i: Reply(200, headers=bad, body=b"{}"))
+    sink, ingress = make_subscriber(), make_subscriber()
+    svc = run_service(sub.url, reply={"url": ingress.url}, dead_letter={"sink": sink.url})
+    publish(svc.queue, headers=event_headers("q-4"))
+    [letter] = sink.wait_for(1)
+    assert letter.headers["ce-id"] == "q-4"
+    assert "invalid reply" in unquote(letter.headers["ce-dispatchererror"])
+    assert ingress.requests == []
+    svc.wait_events("dead_lettered", 1)
+
+
+def test_parallelism_bounds_concurrent_requests(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(200, delay=0.2))
+    svc = run_service(sub.url, parallelism=3)
+    publish_events(svc.queue, [f"p-{i}" for i in range(12)])
+    svc.wait_events("delivered", 12)
+    assert sub.max_concurrent == 3
+
+
+def test_ordered_delivers_one_at_a_time_in_queue_order_retries_included(
+    make_subscriber, run_service
+):
+    lock = threading.Lock()
+    seen: dict[str, int] = {}
+
+    def flaky_first_try(request: Received, _i: int) -> Reply:
+        with lock:
+            n = seen.get(request.headers["ce-id"], 0)
+            seen[request.headers["ce-id"]] = n + 1
+        return Reply(503 if n == 0 else 200, delay=0.01)
+
+    sub = make_subscriber(flaky_first_try)
+    svc = run_service(sub.url, parallelism=8, ordered=True)
+    ids = [f"o-{i:02d}" for i in range(10)]
+    publish_events(svc.queue, ids)
+    svc.wait_events("delivered", 10)
+    assert sub.max_concurrent == 1
+    assert sub.ids() == [i for i in ids for _ in range(2)]
+
+
+def test_quorum_queue_declaration_with_delivery_limit(subscriber, run_service):
+    svc = run_service(subscriber.url, declare={"type": "quorum", "delivery_limit": 3})
+    publish(svc.queue, headers=event_headers("qq-1"))
+    subscriber.wait_for(1)
+    svc.wait_events("delivered", 1)
+    with broker.channel() as ch:
+        # Re-declaring with the same arguments succeeds only if they match.
+        ch.queue_declare(
+            svc.queue, durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 3}
+        )
+
+
+def test_delivery_log_line(subscriber, run_service, capsys):
+    svc = run_service(subscriber.url)
+    publish(svc.queue, headers=event_headers("log-1"))
+    svc.wait_events("delivered", 1)
+    lines = [
+        json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")
+    ]
+    [line] = [entry for entry in lines if entry.get("event") == "delivery"]
+    assert line["binding"] == "b"
+    assert line["outcome"] == "delivered"
+    assert line["ce_id"] == "log-1"
+    assert line["ce_type"] == "dev.tests.event"
+    assert line["ce_source"] == "/tests"
+    assert line["attempts"] == 1
+    assert line["status"] == 200
+    assert line["redelivered"] is False
+    assert line["duration_ms"] >= 0
+    assert line["timestamp"].endswith("Z")

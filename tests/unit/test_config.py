@@ -1,0 +1,913 @@
+"""Configuration: YAML + environment -> Settings, and every error naming its key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dispatcher.config import (
+    BindingSettings,
+    BrokerSettings,
+    DeadLetterSettings,
+    DeclareSettings,
+    DeliverySettings,
+    HttpSettings,
+    LoggingSettings,
+    ReconnectSettings,
+    ReplySettings,
+    Settings,
+    ShutdownSettings,
+    TlsSettings,
+    effective_config,
+    load_settings,
+    parse_duration,
+    redact_url,
+    render_effective_config,
+    settings_from_dict,
+)
+from dispatcher.errors import ConfigError
+
+SUBSCRIBER = "http://127.0.0.1:8080/"
+
+
+def binding(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {"name": "orders", "queue": "orders", "subscriber": SUBSCRIBER}
+    raw.update(overrides)
+    return raw
+
+
+def build(environ: dict[str, str] | None = None, **top: Any) -> Settings:
+    raw: dict[str, Any] = {"bindings": [binding()]}
+    raw.update(top)
+    return settings_from_dict(raw, environ or {})
+
+
+def error_of(environ: dict[str, str] | None = None, **top: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        build(environ, **top)
+    return str(info.value)
+
+
+def binding_error(**overrides: Any) -> str:
+    return error_of(bindings=[binding(**overrides)])
+
+
+def write(tmp_path: Path, text: str, name: str = "dispatcher.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return str(path)
+
+
+MINIMAL = f"""\
+bindings:
+  - name: orders
+    queue: orders
+    subscriber: {SUBSCRIBER}
+"""
+
+
+# --------------------------------------------------------------------------
+# A full file, defaults, and the effective config
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> dict[str, str]:
+    files = {}
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("-----BEGIN-----\n", encoding="utf-8")
+        files[name] = str(tmp_path / name)
+    return files
+
+
+def full_yaml(tls: dict[str, str]) -> str:
+    return f"""\
+    broker:
+      url: amqps://broker.example:5671/prod
+      heartbeat: 5s
+      connection_name: dispatcher-a
+      tls: {{ca_file: {tls["ca.pem"]}, cert_file: {tls["cert.pem"]}, key_file: {tls["key.pem"]}}}
+      reconnect: {{initial_delay: 100ms, max_delay: 1m}}
+      blocked_timeout: 45s
+    http:
+      listen: 127.0.0.1:9191
+    shutdown:
+      grace: 40s
+    logging: {{level: DEBUG, format: console}}
+    bindings:
+      - name: orders
+        queue: orders-q
+        declare: {{durable: true, type: quorum, dead_letter_exchange: dlx, delivery_limit: 3}}
+        subscriber: https://orders.example/events
+        content_mode: structured
+        tls: {{ca_file: {tls["ca.pem"]}, cert_file: null, key_file: null}}
+        parallelism: 20
+        ordered: true
+        delivery:
+          retry: 3
+          backoff_policy: linear
+          backoff_delay: 500ms
+          backoff_max: 2m
+          timeout: PT15S
+        dedupe_window: 5m
+        dead_letter:
+          sink: http://dls.example/
+          exchange: dead
+          routing_key: orders.dead
+        reply:
+          exchange: replies
+          routing_key: orders.reply
+          url: null
+        non_cloudevent: dead_letter
+        max_body_size: 1MiB
+      - name: audit
+        queue: audit
+        declare: null
+        subscriber: http://audit.example/
+        reply: {{url: https://ingress.example/}}
+    """
+
+
+def full_expected(tls: dict[str, str]) -> Settings:
+    return Settings(
+        broker=BrokerSettings(
+            url="amqps://broker.example:5671/prod",
+            heartbeat=5.0,
+            connection_name="dispatcher-a",
+            tls=TlsSettings(tls["ca.pem"], tls["cert.pem"], tls["key.pem"]),
+            reconnect=ReconnectSettings(initial_delay=0.1, max_delay=60.0),
+            blocked_timeout=45.0,
+        ),
+        http=HttpSettings(listen="127.0.0.1:9191"),
+        shutdown=ShutdownSettings(grace=40.0),
+        logging=LoggingSettings(level="debug", format="console"),
+        bindings=(
+            BindingSettings(
+                name="orders",
+                queue="orders-q",
+                subscriber="https://orders.example/events",
+                declare=DeclareSettings(
+                    durable=True, type="quorum", dead_letter_exchange="dlx", delivery_limit=3
+                ),
+                content_mode="structured",
+                tls=TlsSettings(ca_file=tls["ca.pem"]),
+                parallelism=20,
+                ordered=True,
+                delivery=DeliverySettings(
+                    retry=3,
+                    backoff_policy="linear",
+                    backoff_delay=0.5,
+                    backoff_max=120.0,
+                    timeout=15.0,
+                ),
+                dedupe_window=300.0,
+                dead_letter=DeadLetterSettings(
+                    sink="http://dls.example/", exchange="dead", routing_key="orders.dead"
+                ),
+                reply=ReplySettings(exchange="replies", routing_key="orders.reply"),
+                non_cloudevent="dead_letter",
+                max_body_size=1024 * 1024,
+            ),
+            BindingSettings(
+                name="audit",
+                queue="audit",
+                subscriber="http://audit.example/",
+                reply=ReplySettings(url="https://ingress.example/"),
+            ),
+        ),
+    )
+
+
+def test_full_config_with_every_key_loads_exactly(
+    tmp_path: Path, tls_files: dict[str, str]
+) -> None:
+    path = write(tmp_path, full_yaml(tls_files))
+    assert load_settings(path, {}) == full_expected(tls_files)
+
+
+def test_effective_config_round_trips_through_yaml(
+    tmp_path: Path, tls_files: dict[str, str]
+) -> None:
+    settings = load_settings(write(tmp_path, full_yaml(tls_files)), {})
+    rendered = render_effective_config(settings)
+    again = load_settings(write(tmp_path, rendered, "effective.yaml"), {})
+    assert again == settings
+
+
+def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str, str]) -> None:
+    settings = load_settings(write(tmp_path, full_yaml(tls_files)), {})
+    document = yaml.safe_load(render_effective_config(settings))
+    assert list(document) == ["broker", "http", "shutdown", "logging", "bindings"]
+    assert list(document["broker"]) == [
+        "url",
+        "heartbeat",
+        "connection_name",
+        "tls",
+        "reconnect",
+        "blocked_timeout",
+    ]
+    assert list(document["bindings"][0]) == [
+        "name",
+        "queue",
+        "declare",
+        "subscriber",
+        "content_mode",
+        "tls",
+        "parallelism",
+        "ordered",
+        "delivery",
+        "dedupe_window",
+        "dead_letter",
+        "reply",
+        "non_cloudevent",
+        "max_body_size",
+    ]
+    assert list(document["bindings"][0]["delivery"]) == [
+        "retry",
+        "backoff_policy",
+        "backoff_delay",
+        "backoff_max",
+        "timeout",
+    ]
+
+
+def test_defaults_match_product_md(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, MINIMAL), {})
+    assert settings.broker.url == "amqp://guest:guest@localhost:5672/%2F"
+    assert settings.broker.heartbeat == 20.0
+    assert settings.broker.connection_name == "dispatcher"
+    assert settings.broker.tls == TlsSettings(None, None, None)
+    assert settings.broker.reconnect == ReconnectSettings(initial_delay=0.2, max_delay=30.0)
+    assert settings.broker.blocked_timeout == 60.0
+    assert (settings.http.listen, settings.http.host, settings.http.port) == (
+        "0.0.0.0:9090",
+        "0.0.0.0",
+        9090,
+    )
+    assert settings.shutdown.grace == 25.0
+    assert settings.logging == LoggingSettings(level="info", format="json")
+    [b] = settings.bindings
+    assert (b.name, b.queue, b.subscriber) == ("orders", "orders", SUBSCRIBER)
+    assert b.declare is None
+    assert b.content_mode == "binary"
+    assert b.tls == TlsSettings()
+    assert (b.parallelism, b.ordered) == (10, False)
+    assert b.delivery == DeliverySettings(
+        retry=5, backoff_policy="exponential", backoff_delay=0.2, backoff_max=30.0, timeout=10.0
+    )
+    assert b.dedupe_window == 600.0
+    assert b.dead_letter == DeadLetterSettings(sink=None, exchange=None, routing_key="")
+    assert b.reply == ReplySettings(exchange=None, routing_key="", url=None)
+    assert b.non_cloudevent == "wrap"
+    assert b.max_body_size == 8 * 1024 * 1024
+
+
+def test_effective_config_renders_durations_in_file_notation() -> None:
+    effective = effective_config(build())
+    broker = effective["broker"]
+    assert isinstance(broker, dict)
+    assert broker["heartbeat"] == "20s"
+    assert broker["reconnect"] == {"initial_delay": "200ms", "max_delay": "30s"}
+    bindings = effective["bindings"]
+    assert isinstance(bindings, list)
+    assert bindings[0]["dedupe_window"] == "10m"
+    assert bindings[0]["delivery"]["backoff_delay"] == "200ms"
+    assert bindings[0]["max_body_size"] == "8MiB"
+
+
+@pytest.mark.parametrize(
+    ("written", "rendered"),
+    [("1h", "1h"), ("90s", "90s"), ("1500ms", "1500ms"), (0, "0s"), (0.0001, 0.0001)],
+)
+def test_durations_render_exactly(written: object, rendered: object) -> None:
+    settings = build(shutdown={"grace": written})
+    assert effective_config(settings)["shutdown"] == {"grace": rendered}
+
+
+def test_null_sections_and_values_mean_defaults() -> None:
+    settings = build(
+        broker=None,
+        http={"listen": None},
+        bindings=[binding(declare=None, dead_letter=None, reply=None, tls=None, delivery=None)],
+    )
+    assert settings == Settings(bindings=(BindingSettings("orders", "orders", SUBSCRIBER),))
+
+
+def test_empty_declare_mapping_declares_with_defaults() -> None:
+    [b] = build(bindings=[binding(declare={})]).bindings
+    assert b.declare == DeclareSettings(durable=True, type="classic")
+
+
+# --------------------------------------------------------------------------
+# Durations
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (3, 3.0),
+        (2.5, 2.5),
+        (0, 0.0),
+        ("90", 90.0),
+        ("1.5", 1.5),
+        ("250ms", 0.25),
+        ("1.5s", 1.5),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1m30s", 90.0),
+        (" 10s ", 10.0),
+        ("PT0.25S", 0.25),
+        ("PT1M30S", 90.0),
+        ("PT2H", 7200.0),
+        ("P1D", 86400.0),
+        ("P1DT2H", 93600.0),
+        ("PT0,5S", 0.5),
+    ],
+)
+def test_parse_duration_accepts(value: object, seconds: float) -> None:
+    assert parse_duration(value, "k") == pytest.approx(seconds)
+
+
+def test_parse_duration_returns_float() -> None:
+    assert isinstance(parse_duration(3, "k"), float)
+
+
+@pytest.mark.parametrize(
+    "value", ["abc", "", "5 minutes", "10S", "PT", "P", "P1DT", "1.2.3s", "1d"]
+)
+def test_parse_duration_rejects_garbage(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration(value, "bindings[0].delivery.timeout")
+    assert str(info.value) == (
+        f"bindings[0].delivery.timeout: invalid duration {value!r} "
+        "(use 250ms, 1.5s, 2m, PT0.25S or seconds)"
+    )
+
+
+def test_parse_duration_message_for_abc_is_exact() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration("abc", "shutdown.grace")
+    assert str(info.value) == (
+        "shutdown.grace: invalid duration 'abc' (use 250ms, 1.5s, 2m, PT0.25S or seconds)"
+    )
+    assert info.value.key == "shutdown.grace"
+
+
+@pytest.mark.parametrize("value", ["P1Y", "P2M", "P1Y2M3D"])
+def test_iso_years_and_months_are_rejected(value: str) -> None:
+    with pytest.raises(ConfigError, match="years and months") as info:
+        parse_duration(value, "k")
+    assert info.value.key == "k"
+
+
+@pytest.mark.parametrize("value", [True, False, None, [1], {"s": 1}])
+def test_parse_duration_rejects_non_durations(value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration(value, "k")
+    assert info.value.key == "k"
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, "-1s", "-PT1S"])
+def test_negative_durations_are_rejected(value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration(value, "k")
+    assert str(info.value) == "k: must be >= 0"
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**400])
+def test_non_finite_durations_are_rejected(value: object) -> None:
+    with pytest.raises(ConfigError, match="must be a finite duration"):
+        parse_duration(value, "k")
+
+
+def test_bad_duration_in_a_file_names_the_key() -> None:
+    message = binding_error(delivery={"backoff_delay": "soon"})
+    assert message.startswith("bindings[0].delivery.backoff_delay: invalid duration 'soon'")
+
+
+# --------------------------------------------------------------------------
+# Unknown keys and wrong types
+# --------------------------------------------------------------------------
+
+
+def test_unknown_top_level_key() -> None:
+    assert error_of(brokers={}) == (
+        "brokers: unknown key (expected one of: bindings, broker, http, logging, shutdown)"
+    )
+
+
+def test_unknown_binding_key() -> None:
+    message = binding_error(subscribr=SUBSCRIBER)
+    assert message.startswith("bindings[0].subscribr: unknown key (expected one of: ")
+    assert "subscriber" in message
+
+
+def test_unknown_nested_key() -> None:
+    assert binding_error(delivery={"retires": 3}) == (
+        "bindings[0].delivery.retires: unknown key "
+        "(expected one of: backoff_delay, backoff_max, backoff_policy, retry, timeout)"
+    )
+
+
+def test_unknown_key_in_broker_tls() -> None:
+    message = error_of(broker={"tls": {"ca": "x"}})
+    assert message.startswith("broker.tls.ca: unknown key")
+
+
+def test_integer_given_a_string() -> None:
+    assert binding_error(parallelism="ten") == (
+        "bindings[0].parallelism: must be an integer, got 'ten'"
+    )
+
+
+def test_integer_given_a_bool() -> None:
+    assert binding_error(parallelism=True) == (
+        "bindings[0].parallelism: must be an integer, got true"
+    )
+
+
+def test_bool_given_an_int() -> None:
+    assert binding_error(ordered=1) == (
+        "bindings[0].ordered: must be a boolean (true or false), got 1"
+    )
+
+
+def test_mapping_given_a_list() -> None:
+    assert binding_error(delivery=[1, 2]) == "bindings[0].delivery: must be a mapping, got list"
+
+
+def test_top_level_section_given_a_scalar() -> None:
+    assert error_of(logging="debug") == "logging: must be a mapping, got 'debug'"
+
+
+def test_string_given_a_number() -> None:
+    assert binding_error(queue=123) == "bindings[0].queue: must be a string, got 123"
+
+
+def test_binding_given_a_scalar() -> None:
+    assert error_of(bindings=["orders"]) == "bindings[0]: must be a mapping, got 'orders'"
+
+
+@pytest.mark.parametrize("missing", ["name", "queue", "subscriber"])
+def test_required_binding_keys(missing: str) -> None:
+    raw = binding()
+    del raw[missing]
+    assert error_of(bindings=[raw]) == f"bindings[0].{missing}: required"
+
+
+# --------------------------------------------------------------------------
+# Bindings
+# --------------------------------------------------------------------------
+
+
+def test_empty_bindings() -> None:
+    assert error_of(bindings=[]) == "bindings: must list at least one binding"
+
+
+def test_missing_bindings() -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_from_dict({}, {})
+    assert info.value.key == "bindings"
+
+
+def test_bindings_given_a_mapping() -> None:
+    assert error_of(bindings=binding()) == "bindings: must be a list, got mapping"
+
+
+def test_duplicate_binding_names() -> None:
+    message = error_of(bindings=[binding(), binding(queue="other")])
+    assert message == "bindings[1].name: duplicate binding name 'orders'"
+
+
+@pytest.mark.parametrize("name", ["", "has space", "a/b", "x" * 65, "é"])
+def test_binding_name_must_be_a_plain_label(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(bindings=[binding(name=name)])
+    assert info.value.key == "bindings[0].name"
+
+
+@pytest.mark.parametrize("name", ["orders", "Orders.v2_eu-1", "x" * 64])
+def test_binding_name_accepts_plain_labels(name: str) -> None:
+    assert build(bindings=[binding(name=name)]).bindings[0].name == name
+
+
+@pytest.mark.parametrize(("value", "ok"), [(0, False), (1, True), (1000, True), (1001, False)])
+def test_parallelism_bounds(value: int, ok: bool) -> None:
+    if ok:
+        assert build(bindings=[binding(parallelism=value)]).bindings[0].parallelism == value
+    else:
+        assert binding_error(parallelism=value) == (
+            "bindings[0].parallelism: must be between 1 and 1000"
+        )
+
+
+def test_ordered_is_allowed_with_any_parallelism() -> None:
+    [b] = build(bindings=[binding(ordered=True, parallelism=50)]).bindings
+    assert (b.ordered, b.parallelism) == (True, 50)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("content_mode", "json"), ("non_cloudevent", "drop")],
+)
+def test_binding_enums(key: str, value: str) -> None:
+    assert f"bindings[0].{key}: must be one of" in binding_error(**{key: value})
+
+
+def test_retry_must_not_be_negative() -> None:
+    assert binding_error(delivery={"retry": -1}) == "bindings[0].delivery.retry: must be >= 0"
+
+
+def test_retry_zero_is_allowed() -> None:
+    assert build(bindings=[binding(delivery={"retry": 0})]).bindings[0].delivery.retry == 0
+
+
+def test_backoff_policy_must_be_known() -> None:
+    message = binding_error(delivery={"backoff_policy": "random"})
+    assert message == (
+        "bindings[0].delivery.backoff_policy: must be one of exponential, linear, got 'random'"
+    )
+
+
+def test_timeout_must_be_positive() -> None:
+    assert binding_error(delivery={"timeout": 0}) == "bindings[0].delivery.timeout: must be > 0"
+
+
+def test_backoff_max_must_not_be_below_backoff_delay() -> None:
+    message = binding_error(delivery={"backoff_delay": "10s", "backoff_max": "1s"})
+    assert message == "bindings[0].delivery.backoff_max: must be >= backoff_delay"
+
+
+def test_dedupe_window_zero_turns_it_off() -> None:
+    assert build(bindings=[binding(dedupe_window=0)]).bindings[0].dedupe_window == 0.0
+
+
+def test_reply_exchange_and_url_are_exclusive() -> None:
+    message = binding_error(reply={"exchange": "replies", "url": "http://ingress/"})
+    assert message == "bindings[0].reply: set either exchange or url, not both"
+
+
+def test_reply_to_the_default_exchange_is_allowed() -> None:
+    [b] = build(bindings=[binding(reply={"exchange": "", "routing_key": "replies"})]).bindings
+    assert b.reply == ReplySettings(exchange="", routing_key="replies")
+
+
+def test_dead_letter_sink_and_exchange_may_both_be_set() -> None:
+    dead_letter = {"sink": "http://dls/", "exchange": "dlx"}
+    [b] = build(bindings=[binding(dead_letter=dead_letter)]).bindings
+    assert b.dead_letter == DeadLetterSettings(sink="http://dls/", exchange="dlx")
+
+
+def test_delivery_limit_needs_quorum() -> None:
+    message = binding_error(declare={"type": "classic", "delivery_limit": 5})
+    assert message == "bindings[0].declare.delivery_limit: only valid with type: quorum"
+
+
+def test_delivery_limit_with_quorum() -> None:
+    [b] = build(bindings=[binding(declare={"type": "quorum", "delivery_limit": 5})]).bindings
+    assert b.declare == DeclareSettings(type="quorum", delivery_limit=5)
+
+
+def test_delivery_limit_must_be_positive() -> None:
+    message = binding_error(declare={"type": "quorum", "delivery_limit": 0})
+    assert message == "bindings[0].declare.delivery_limit: must be >= 1"
+
+
+def test_quorum_queues_must_be_durable() -> None:
+    message = binding_error(declare={"type": "quorum", "durable": False})
+    assert message == "bindings[0].declare.durable: quorum queues must be durable"
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        (1, 1),
+        ("1024", 1024),
+        ("10B", 10),
+        ("2KB", 2000),
+        ("2KiB", 2048),
+        ("3MB", 3_000_000),
+        ("8MiB", 8 * 1024 * 1024),
+        ("8 mib", 8 * 1024 * 1024),
+    ],
+)
+def test_max_body_size_forms(value: object, size: int) -> None:
+    assert build(bindings=[binding(max_body_size=value)]).bindings[0].max_body_size == size
+
+
+@pytest.mark.parametrize("value", [0, -1, "0MiB", "1GB", "1.5MiB", "lots", True, 1.5])
+def test_max_body_size_rejects(value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(bindings=[binding(max_body_size=value)])
+    assert info.value.key == "bindings[0].max_body_size"
+
+
+# --------------------------------------------------------------------------
+# URLs and listen address
+# --------------------------------------------------------------------------
+
+
+def url_config(key: str, url: str) -> dict[str, Any]:
+    """Top-level keyword arguments for ``error_of`` that put ``url`` at ``key``."""
+    placements: dict[str, dict[str, Any]] = {
+        "broker.url": {"broker": {"url": url}},
+        "bindings[0].subscriber": {"bindings": [binding(subscriber=url)]},
+        "bindings[0].dead_letter.sink": {"bindings": [binding(dead_letter={"sink": url})]},
+        "bindings[0].reply.url": {"bindings": [binding(reply={"url": url})]},
+    }
+    return placements[key]
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "kind"),
+    [
+        ("broker.url", "http://rabbit/", "amqp(s)"),
+        ("bindings[0].subscriber", "ftp://x", "http(s)"),
+        ("bindings[0].dead_letter.sink", "amqp://x/", "http(s)"),
+        ("bindings[0].reply.url", "mailto:a@b", "http(s)"),
+    ],
+)
+def test_bad_url_names_the_key(key: str, bad: str, kind: str) -> None:
+    assert error_of(**url_config(key, bad)) == f"{key}: must be an {kind} URL, got {bad!r}"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "broker.url",
+        "bindings[0].subscriber",
+        "bindings[0].dead_letter.sink",
+        "bindings[0].reply.url",
+    ],
+)
+def test_password_redacted_in_every_url_error(key: str) -> None:
+    message = error_of(**url_config(key, "gopher://svc:s3cret@host/"))
+    assert "s3cret" not in message
+    assert message.startswith(f"{key}: must be an ")
+    assert message.endswith("got 'gopher://svc:***@host/'")
+
+
+def test_subscriber_error_message_is_exact() -> None:
+    assert binding_error(subscriber="ftp://x") == (
+        "bindings[0].subscriber: must be an http(s) URL, got 'ftp://x'"
+    )
+
+
+@pytest.mark.parametrize("url", ["http://", "http:///path", "https://:80/"])
+def test_url_needs_a_host(url: str) -> None:
+    assert "with a host" in binding_error(subscriber=url)
+
+
+def test_url_with_bad_port() -> None:
+    with pytest.raises(ConfigError) as info:
+        build(bindings=[binding(subscriber="http://host:99999/")])
+    assert info.value.key == "bindings[0].subscriber"
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [
+        ("0.0.0.0:9090", "0.0.0.0", 9090),
+        (":8080", "0.0.0.0", 8080),
+        ("localhost:1", "localhost", 1),
+        ("[::]:9090", "::", 9090),
+        ("[::1]:65535", "::1", 65535),
+    ],
+)
+def test_listen_forms(listen: str, host: str, port: int) -> None:
+    http = build(http={"listen": listen}).http
+    assert (http.listen, http.host, http.port) == (listen, host, port)
+
+
+@pytest.mark.parametrize(
+    "listen", ["9090", "host:65536", "host:http", "::1:9090", "[::1]", "[::1]9090", 9090]
+)
+def test_listen_rejects(listen: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(http={"listen": listen})
+    assert info.value.key == "http.listen"
+
+
+# --------------------------------------------------------------------------
+# TLS files
+# --------------------------------------------------------------------------
+
+
+def test_tls_file_must_exist(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.pem")
+    message = error_of(broker={"tls": {"ca_file": missing}})
+    assert message == f"broker.tls.ca_file: file not found: {missing}"
+
+
+def test_tls_cert_without_key(tls_files: dict[str, str]) -> None:
+    message = binding_error(tls={"cert_file": tls_files["cert.pem"]})
+    assert message == "bindings[0].tls.key_file: required when cert_file is set"
+
+
+def test_tls_key_without_cert(tls_files: dict[str, str]) -> None:
+    message = error_of(broker={"tls": {"key_file": tls_files["key.pem"]}})
+    assert message == "broker.tls.cert_file: required when key_file is set"
+
+
+# --------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    path = str(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, {})
+    assert str(info.value) == f"config: file not found: {path}"
+
+
+def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "broker:\n  url: amqp://x/\n  heartbeat: [unclosed\nhttp: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, {})
+    message = str(info.value)
+    assert path in message
+    assert "line 4" in message
+
+
+def test_duplicate_yaml_keys_are_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "logging: {level: info}\nlogging: {level: debug}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, {})
+    assert "duplicate key 'logging'" in str(info.value)
+    assert "line 6" in str(info.value)
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    text = MINIMAL + "    delivery: {<<: {retry: 1, timeout: 2s}, retry: 3}\n"
+    settings = load_settings(write(tmp_path, text), {})
+    assert settings.bindings[0].delivery.retry == 3
+    assert settings.bindings[0].delivery.timeout == 2.0
+
+
+@pytest.mark.parametrize(("text", "got"), [("- a\n- b\n", "list"), ("just text\n", "'just text'")])
+def test_top_level_must_be_a_mapping(tmp_path: Path, text: str, got: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, {})
+    assert str(info.value) == f"config: {path}: top level must be a mapping, got {got}"
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_settings(path, {})
+
+
+def test_dispatcher_config_selects_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("orders", "from-env"), "env.yaml")
+    settings = load_settings(None, {"DISPATCHER_CONFIG": path})
+    assert settings.bindings[0].name == "from-env"
+
+
+def test_explicit_path_beats_dispatcher_config(tmp_path: Path) -> None:
+    explicit = write(tmp_path, MINIMAL.replace("orders", "explicit"), "explicit.yaml")
+    from_env = write(tmp_path, MINIMAL.replace("orders", "from-env"), "env.yaml")
+    settings = load_settings(explicit, {"DISPATCHER_CONFIG": from_env})
+    assert settings.bindings[0].name == "explicit"
+
+
+def test_missing_dispatcher_config_file_names_the_variable(tmp_path: Path) -> None:
+    path = str(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, {"DISPATCHER_CONFIG": path})
+    assert str(info.value) == f"DISPATCHER_CONFIG: file not found: {path}"
+
+
+def test_default_path_is_config_dispatcher_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "config").mkdir()
+    write(tmp_path / "config", MINIMAL.replace("orders", "default"))
+    monkeypatch.chdir(tmp_path)
+    assert load_settings(None, {}).bindings[0].name == "default"
+
+
+def test_default_path_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, {})
+    assert str(info.value) == "config: file not found: config/dispatcher.yaml"
+
+
+# --------------------------------------------------------------------------
+# Environment overrides
+# --------------------------------------------------------------------------
+
+
+def test_env_overrides_all_four(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "logging: {level: info, format: json}\n")
+    environ = {
+        "RABBITMQ_URL": "amqps://svc:pw@rabbit.prod:5671/v",
+        "DISPATCHER_LISTEN": "127.0.0.1:9999",
+        "LOG_LEVEL": "WARNING",
+        "LOG_FORMAT": "console",
+    }
+    settings = load_settings(path, environ)
+    assert settings.broker.url == "amqps://svc:pw@rabbit.prod:5671/v"
+    assert settings.http.port == 9999
+    assert settings.logging == LoggingSettings(level="warning", format="console")
+
+
+def test_env_overrides_keep_the_rest_of_the_section() -> None:
+    settings = build({"RABBITMQ_URL": "amqp://rabbit/"}, broker={"heartbeat": "5s"})
+    assert (settings.broker.url, settings.broker.heartbeat) == ("amqp://rabbit/", 5.0)
+
+
+def test_empty_env_variable_counts_as_unset() -> None:
+    assert build({"LOG_LEVEL": ""}, logging={"level": "error"}).logging.level == "error"
+
+
+def test_log_level_warn_alias() -> None:
+    assert build({"LOG_LEVEL": "warn"}).logging.level == "warning"
+
+
+def test_invalid_env_value_names_the_variable() -> None:
+    assert error_of({"LOG_FORMAT": "xml"}) == "LOG_FORMAT: must be one of json, console, got 'xml'"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("LOG_LEVEL", "loud"), ("DISPATCHER_LISTEN", "nowhere"), ("RABBITMQ_URL", "http://x/")],
+)
+def test_each_invalid_env_value_names_its_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build({variable: value})
+    assert info.value.key == variable
+
+
+def test_invalid_file_value_still_names_the_key() -> None:
+    assert error_of(logging={"format": "xml"}) == (
+        "logging.format: must be one of json, console, got 'xml'"
+    )
+
+
+# --------------------------------------------------------------------------
+# Passwords
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "redacted"),
+    [
+        ("amqp://guest:guest@localhost:5672/%2F", "amqp://guest:***@localhost:5672/%2F"),
+        ("amqps://u:p%40ss@host/", "amqps://u:***@host/"),
+        ("amqp://u:p@ss#w?rd@host/v", "amqp://u:***@host/v"),
+        ("http://:token@host/", "http://:***@host/"),
+        ("http://user@host/", "http://user@host/"),
+        ("http://host:8080/a", "http://host:8080/a"),
+        ("amqp://localhost", "amqp://localhost"),
+    ],
+)
+def test_redact_url(url: str, redacted: str) -> None:
+    assert redact_url(url) == redacted
+
+
+def test_password_redacted_in_effective_config() -> None:
+    settings = build(
+        {"RABBITMQ_URL": "amqp://svc:s3cret@rabbit/"},
+        bindings=[binding(subscriber="https://hook:h00k@sub.example/")],
+    )
+    broker = effective_config(settings)["broker"]
+    assert isinstance(broker, dict)
+    assert broker["url"] == "amqp://svc:***@rabbit/"
+    rendered = render_effective_config(settings)
+    assert "s3cret" not in rendered
+    assert "h00k" not in rendered
+    assert "amqp://svc:***@rabbit/" in rendered
+    assert "https://hook:***@sub.example/" in rendered
+    # The settings themselves keep the real URL: the broker module needs it.
+    assert settings.broker.url == "amqp://svc:s3cret@rabbit/"
+
+
+def test_password_redacted_in_url_errors() -> None:
+    message = error_of(broker={"url": "http://svc:s3cret@rabbit/"})
+    assert message == "broker.url: must be an amqp(s) URL, got 'http://svc:***@rabbit/'"
+
+
+def test_password_redacted_in_env_url_errors() -> None:
+    message = error_of({"RABBITMQ_URL": "rabbit://svc:s3cret@host/"})
+    assert message == "RABBITMQ_URL: must be an amqp(s) URL, got 'rabbit://svc:***@host/'"
+
+
+def test_password_redacted_when_a_url_lands_in_the_wrong_place() -> None:
+    message = error_of(broker="amqp://svc:s3cret@rabbit/")
+    assert "s3cret" not in message
+    assert message == "broker: must be a mapping, got 'amqp://svc:***@rabbit/'"
+
+
+def test_password_redacted_in_yaml_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, "broker:\n  url: amqp://svc:s3cret@rabbit/\n  url: again\n" + MINIMAL)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, {})
+    assert "s3cret" not in str(info.value)

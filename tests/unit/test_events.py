@@ -1,0 +1,255 @@
+"""Message -> CloudEvent -> HTTP/AMQP mapping (no broker needed)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+
+import pytest
+
+from dispatcher import events
+from dispatcher.errors import EventError, NotACloudEvent
+from dispatcher.events import AmqpMessage, Event
+
+REQUIRED = {"specversion": "1.0", "id": "e1", "source": "/src", "type": "t.x"}
+
+
+def binary(prefix: str, extra: dict[str, object] | None = None, **kw: object) -> AmqpMessage:
+    headers = {prefix + k: v for k, v in {**REQUIRED, **(extra or {})}.items()}
+    return AmqpMessage(body=b"data", headers=headers, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prefix", ["ce-", "cloudEvents_", "cloudEvents:", "", "CE-"])
+def test_every_binary_header_form_is_read(prefix):
+    event = events.from_amqp(binary(prefix, content_type="text/plain"))
+    assert dict(event.attributes) == {**REQUIRED, "datacontenttype": "text/plain"}
+    assert event.data == b"data"
+
+
+def test_bare_form_takes_extensions_but_not_broker_headers():
+    message = binary("", {"myext": "v"})
+    message = AmqpMessage(
+        message.body, {**message.headers, "x-death": [{"count": 1}], "x-delivery-count": 3}
+    )
+    event = events.from_amqp(message)
+    assert event.attributes["myext"] == "v"
+    assert "x-death" not in event.attributes
+
+
+def test_prefixed_form_ignores_other_headers():
+    message = binary("ce-")
+    message = AmqpMessage(message.body, {**message.headers, "id": "other", "x-death": []})
+    assert events.from_amqp(message).id == "e1"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("s", "s"),
+        (b"bytes", "bytes"),
+        (42, "42"),
+        (True, "true"),
+        (False, "false"),
+        (decimal.Decimal("1.50"), "1.50"),
+        (dt.datetime(2026, 1, 2, 3, 4, 5), "2026-01-02T03:04:05Z"),  # pika: naive UTC
+        (
+            dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+            "2026-01-02T03:04:05+02:00",
+        ),
+        (1.5, "1.5"),
+    ],
+)
+def test_header_value_types_pika_delivers(value, text):
+    event = events.from_amqp(binary("ce-", {"myext": value}))
+    assert event.attributes["myext"] == text
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"myext": {"nested": 1}}, "type dict"),
+        ({"myext": [1, 2]}, "type list"),
+        ({"myext": b"\xff"}, "not valid UTF-8"),
+        ({"subject": "a\r\nb"}, "control characters"),
+        ({"subject": "a\nb"}, "control characters"),
+        ({"specversion": "0.3"}, "unsupported specversion"),
+        ({"time": "yesterday"}, "not an RFC 3339 timestamp"),
+        ({"time": "2026-01-02T03:04:05"}, "no time zone"),
+        ({"Bad-Name": "x"}, "invalid CloudEvent"),
+        ({"id": ""}, "missing required attribute(s): id"),
+    ],
+)
+def test_malformed_events_raise_with_a_reason(extra, reason):
+    with pytest.raises(EventError) as caught:
+        events.from_amqp(binary("ce-", extra))
+    assert not isinstance(caught.value, NotACloudEvent)
+    assert reason in caught.value.reason
+
+
+def test_missing_required_attributes_are_not_invented():
+    # The SDK constructor would fill in id and time; the mapping must not.
+    headers = {"ce-specversion": "1.0", "ce-source": "/s", "ce-type": "t"}
+    with pytest.raises(EventError, match="missing required attribute"):
+        events.from_amqp(AmqpMessage(b"", headers))
+    event = events.from_amqp(AmqpMessage(b"", {**headers, "ce-id": "1"}))
+    assert "time" not in event.attributes
+
+
+def test_no_specversion_is_not_a_cloudevent():
+    with pytest.raises(NotACloudEvent):
+        events.from_amqp(AmqpMessage(b"x", {"ce-id": "1", "foo": "bar"}))
+
+
+def test_structured_message():
+    document = {
+        **REQUIRED,
+        "datacontenttype": "application/json",
+        "data": {"a": [1, 2]},
+        "count": 3,
+        "flag": True,
+    }
+    message = AmqpMessage(
+        json.dumps(document).encode(),
+        {},
+        content_type="application/cloudevents+json; charset=utf-8",
+    )
+    event = events.from_amqp(message)
+    assert json.loads(event.data or b"") == {"a": [1, 2]}
+    assert event.attributes["count"] == "3"
+    assert event.attributes["flag"] == "true"
+
+
+def test_structured_base64_and_text_data():
+    b64 = {**REQUIRED, "data_base64": base64.b64encode(b"\x00\x01").decode()}
+    text = {**REQUIRED, "datacontenttype": "text/plain", "data": "h\u00e9"}
+    ct = "application/cloudevents+json"
+    assert events.from_amqp(AmqpMessage(json.dumps(b64).encode(), {}, ct)).data == b"\x00\x01"
+    assert (
+        events.from_amqp(AmqpMessage(json.dumps(text).encode(), {}, ct)).data == "h\u00e9".encode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "reason"),
+    [
+        (b"{not json", "application/cloudevents+json", "not valid JSON"),
+        (b"[1]", "application/cloudevents+json", "not a JSON object"),
+        (b"{}", "application/cloudevents-batch+json", "unsupported structured content type"),
+        (
+            json.dumps({**REQUIRED, "data_base64": "!!"}).encode(),
+            "application/cloudevents+json",
+            "not valid base64",
+        ),
+        (
+            json.dumps({**REQUIRED, "sub": {"x": 1}}).encode(),
+            "application/cloudevents+json",
+            "must be a string",
+        ),
+    ],
+)
+def test_bad_structured_messages(body, content_type, reason):
+    with pytest.raises(EventError) as caught:
+        events.from_amqp(AmqpMessage(body, {}, content_type))
+    assert reason in caught.value.reason
+
+
+def test_wrapped_id_is_stable_across_redeliveries_and_distinct_per_body():
+    first = AmqpMessage(b"body", {"k": "v"}, "text/plain", properties={"app_id": "a"})
+    redelivered = AmqpMessage(
+        b"body",
+        {"k": "v", "x-delivery-count": 2, "x-death": [{}]},
+        "text/plain",
+        properties={"app_id": "a"},
+    )
+    other = AmqpMessage(b"other", {"k": "v"}, "text/plain", properties={"app_id": "a"})
+    a, b, c = (events.wrap(m, "/", "orders") for m in (first, redelivered, other))
+    assert a.id == b.id != c.id
+    assert a.source == "rabbitmq://%2F/orders"
+    assert a.type == "dev.dispatcher.rabbitmq.message"
+    assert a.attributes["datacontenttype"] == "text/plain"
+    events.validated(dict(a.attributes), a.data)  # a valid CloudEvent
+
+
+def test_wrapped_id_prefers_message_id():
+    wrapped = events.wrap(AmqpMessage(b"x", {}, message_id="m-1"), "vh", "q")
+    assert wrapped.id == "m-1"
+    assert wrapped.source == "rabbitmq://vh/q"
+
+
+def test_binary_http_request():
+    event = Event(
+        {**REQUIRED, "datacontenttype": "application/json", "subject": 'a "b" 100%'}, b"{}"
+    )
+    parts = events.to_http(event, "binary", {"traceparent": "00-abc-def-01"})
+    assert parts.headers["content-type"] == "application/json"
+    assert parts.headers["ce-id"] == "e1"
+    assert parts.headers["ce-subject"] == "a%20%22b%22%20100%25"
+    assert parts.headers["traceparent"] == "00-abc-def-01"
+    assert parts.body == b"{}"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "data", "key", "expected"),
+    [
+        ("application/json", b'{"a": 1}', "data", {"a": 1}),
+        (None, b"[1,2]", "data", [1, 2]),
+        ("text/plain", b"hello", "data", "hello"),
+        ("application/octet-stream", b"\x00\xff", "data_base64", "AP8="),
+        ("application/json", b"not json", "data_base64", base64.b64encode(b"not json").decode()),
+    ],
+)
+def test_structured_http_request(content_type, data, key, expected):
+    attributes = dict(REQUIRED)
+    if content_type:
+        attributes["datacontenttype"] = content_type
+    parts = events.to_http(Event(attributes, data), "structured")
+    document = json.loads(parts.body)
+    assert parts.headers["content-type"] == "application/cloudevents+json"
+    assert document[key] == expected
+    assert document["id"] == "e1"
+
+
+def test_trace_headers_only_clean_values():
+    found = events.trace_headers(
+        {"traceparent": "00-a-b-01", "tracestate": "x\r\ny: z", "other": "v"}
+    )
+    assert found == {"traceparent": "00-a-b-01"}
+
+
+def test_reply_in_binary_mode():
+    reply = events.from_http_response(
+        {
+            "ce-specversion": "1.0",
+            "ce-id": "r1",
+            "ce-source": "/r",
+            "ce-type": "t",
+            "ce-subject": "a%20b",
+            "content-type": "application/json",
+        },
+        b'{"ok": true}',
+    )
+    assert reply is not None
+    assert reply.attributes["subject"] == "a b"
+    assert reply.data == b'{"ok": true}'
+    assert reply.attributes["datacontenttype"] == "application/json"
+
+
+def test_reply_in_structured_mode_and_no_reply():
+    document = json.dumps({**REQUIRED, "data": {"x": 1}}).encode()
+    reply = events.from_http_response({"Content-Type": "application/cloudevents+json"}, document)
+    assert reply is not None and reply.id == "e1"
+    assert events.from_http_response({"content-type": "application/json"}, b"{}") is None
+
+
+def test_invalid_reply_raises():
+    with pytest.raises(EventError, match="missing required attribute"):
+        events.from_http_response({"ce-specversion": "1.0", "ce-source": "/r"}, b"")
+
+
+def test_amqp_headers_round_trip():
+    event = Event({**REQUIRED, "datacontenttype": "text/plain", "myext": "v"}, b"d")
+    headers, content_type = events.to_amqp_headers(event)
+    again = events.from_amqp(AmqpMessage(event.data or b"", headers, content_type))
+    assert again == Event(dict(event.attributes), b"d")

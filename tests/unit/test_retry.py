@@ -1,0 +1,56 @@
+"""Which answers are retried, and how long the waits are."""
+
+from __future__ import annotations
+
+import email.utils
+
+import pytest
+
+from dispatcher.retry import Backoff, Verdict, classify, parse_retry_after
+
+
+@pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
+def test_2xx_is_success(status):
+    assert classify(status) is Verdict.SUCCESS
+
+
+@pytest.mark.parametrize("status", [404, 408, 409, 429, 500, 502, 503, 504, 599, -1])
+def test_retried_statuses(status):
+    assert classify(status) is Verdict.RETRY
+
+
+@pytest.mark.parametrize("status", [300, 301, 302, 304, 307, 400, 401, 403, 405, 410, 413, 422])
+def test_other_3xx_4xx_fail_at_once(status):
+    assert classify(status) is Verdict.FAIL
+
+
+def test_exponential_and_linear_bases_are_capped():
+    exponential = Backoff("exponential", 0.2, 5.0)
+    linear = Backoff("linear", 0.2, 5.0)
+    assert [exponential.base(n) for n in range(6)] == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2, 5.0])
+    assert [linear.base(n) for n in range(3)] == pytest.approx([0.2, 0.4, 0.6])
+    assert exponential.base(10_000) == 5.0  # no overflow
+
+
+@pytest.mark.parametrize(("draw", "factor"), [(0.0, 0.8), (0.5, 1.0), (1.0, 1.2)])
+def test_jitter_spreads_waits_by_twenty_percent(draw, factor):
+    backoff = Backoff("exponential", 1.0, 100.0, rng=lambda: draw)
+    assert backoff.wait(2) == pytest.approx(4.0 * factor)
+
+
+def test_retry_after_is_honoured_but_capped():
+    backoff = Backoff("exponential", 0.1, 2.0, rng=lambda: 0.5)
+    assert backoff.wait(0, retry_after=1.5) == pytest.approx(1.5)
+    assert backoff.wait(0, retry_after=3600) == pytest.approx(2.0)
+    assert backoff.wait(0, retry_after=0.0) == pytest.approx(0.1)  # never shorter than ours
+
+
+def test_parse_retry_after_forms():
+    now = 1_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(date, now=lambda: now) == pytest.approx(30.0)
+    assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now=lambda: now) == 0.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("-5") is None
