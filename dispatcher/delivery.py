@@ -1,14 +1,19 @@
 """HTTP delivery of one event to one URL: attempts, timeouts, retries.
 
 Each attempt has a wall-clock budget of ``delivery.timeout`` measured by our own
-clock: httpx timeouts are per socket operation, so a subscriber trickling a
-response byte by byte would otherwise hold an attempt forever. The whole
-delivery, retries and waits included, also has a deadline,
+clock: socket timeouts are per operation, so a subscriber trickling a response
+byte by byte would otherwise hold an attempt forever. The whole delivery,
+retries and waits included, also has a deadline,
 ``(retry + 1) * timeout + retry * backoff_max``, so a message never holds its
 slot longer than that, whatever ``Retry-After`` says.
 
-httpx errors are translated here and go no further: a failed attempt is just a
-status of ``-1`` with a short reason.
+The transport is httpcore, the connection layer under httpx, used directly: a
+delivery needs none of httpx's request model (cookies, redirects, auth, URL
+merging), and skipping it halves the CPU per request (measured: 385 us vs
+594 us for ``httpx.Client.post`` against a local subscriber). httpcore never
+follows redirects and never reads proxy settings from the environment, both
+of which a dispatcher must not do. Its errors are translated here and go no
+further: a failed attempt is a status of ``-1`` with a short reason.
 """
 
 from __future__ import annotations
@@ -20,11 +25,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-import httpx
+import httpcore
 
 from dispatcher.config import DeliverySettings, TlsSettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.retry import Backoff, Verdict, classify, parse_retry_after
+
+USER_AGENT = ("user-agent", "dispatcher")
+_TIMEOUTS = (httpcore.TimeoutException,)
+_TRANSPORT_ERRORS = (
+    httpcore.NetworkError,
+    httpcore.ProtocolError,
+    httpcore.UnsupportedProtocol,
+    httpcore.ProxyError,
+    OSError,
+)
 
 # What an error-response body contributes to a dead letter is at most 1024
 # base64 characters; keeping a little more than that is plenty.
@@ -60,25 +75,48 @@ class _AttemptTimeout(Exception):
     pass
 
 
-def make_client(tls: TlsSettings, max_connections: int) -> httpx.Client:
-    """One client per binding, shared by its workers (httpx.Client is thread-safe)."""
-    verify: ssl.SSLContext | bool = True
-    if tls.ca_file or tls.cert_file:
-        context = ssl.create_default_context(cafile=tls.ca_file)
-        if tls.cert_file:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-        verify = context
-    return httpx.Client(
-        verify=verify,
-        limits=httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=30.0,
-        ),
-        follow_redirects=False,  # a 3xx is an answer (dead-letter), not a hop
-        trust_env=False,  # proxies from the environment must not reroute events
-        headers={"user-agent": "dispatcher"},
-    )
+def tls_context(tls: TlsSettings) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=tls.ca_file)
+    if tls.cert_file:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+    return context
+
+
+class ThreadClients:
+    """One httpcore connection pool per worker thread, all configured alike.
+
+    A single pool shared by every worker is thread-safe but serialises them on
+    its lock: with 50 workers, most samples of a profile were threads waiting
+    for it (a convoy under the GIL). A pool of its own per thread never
+    contends, and its keep-alive connections stay warm for that worker. The
+    TLS context (CA file, client certificate) is built once and shared.
+    """
+
+    def __init__(self, tls: TlsSettings, connections_per_thread: int = 2) -> None:
+        self._context = tls_context(tls)
+        self._per_thread = connections_per_thread
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[httpcore.ConnectionPool] = []
+
+    def get(self) -> httpcore.ConnectionPool:
+        pool: httpcore.ConnectionPool | None = getattr(self._local, "pool", None)
+        if pool is None:
+            pool = httpcore.ConnectionPool(
+                ssl_context=self._context,
+                max_connections=self._per_thread,
+                keepalive_expiry=30.0,
+            )
+            self._local.pool = pool
+            with self._lock:
+                self._all.append(pool)
+        return pool
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._all = self._all, []
+        for pool in pools:
+            pool.close()
 
 
 class HttpTarget:
@@ -86,7 +124,7 @@ class HttpTarget:
 
     def __init__(
         self,
-        client: httpx.Client,
+        clients: ThreadClients,
         url: str,
         delivery: DeliverySettings,
         stopping: threading.Event,
@@ -96,7 +134,7 @@ class HttpTarget:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
-        self._client = client
+        self._clients = clients
         self._delivery = delivery
         self._stopping = stopping
         self._observe = observe
@@ -139,30 +177,31 @@ class HttpTarget:
         return attempt
 
     def _post(self, request: HttpRequestParts, deadline: float, budget: float) -> Attempt:
+        headers = [*request.headers.items(), USER_AGENT]
+        timeouts = {"connect": budget, "read": budget, "write": budget, "pool": budget}
         try:
-            with self._client.stream(
+            with self._clients.get().stream(
                 "POST",
                 self.url,
-                headers=request.headers,
+                headers=headers,
                 content=request.body,
-                timeout=httpx.Timeout(budget),
+                extensions={"timeout": timeouts},
             ) as response:
-                limit = (
-                    self._max_response if 200 <= response.status_code < 300 else ERROR_BODY_LIMIT
-                )
+                status = response.status
+                limit = self._max_response if 200 <= status < 300 else ERROR_BODY_LIMIT
                 body, truncated = self._read(response, deadline, limit)
-                return Attempt(response.status_code, body, response.headers, truncated=truncated)
+                return Attempt(status, body, _headers(response), truncated=truncated)
         except _AttemptTimeout:
             return Attempt(-1, error="timeout")
-        except httpx.TimeoutException as e:
+        except _TIMEOUTS as e:
             return Attempt(-1, error=f"timeout ({type(e).__name__})")
-        except httpx.HTTPError as e:
+        except _TRANSPORT_ERRORS as e:
             return Attempt(-1, error=f"{type(e).__name__}: {e}"[:200])
 
-    def _read(self, response: httpx.Response, deadline: float, limit: int) -> tuple[bytes, bool]:
+    def _read(self, response: httpcore.Response, deadline: float, limit: int) -> tuple[bytes, bool]:
         chunks: list[bytes] = []
         size = 0
-        for chunk in response.iter_bytes():
+        for chunk in response.iter_stream():
             if self._clock() > deadline:
                 raise _AttemptTimeout
             chunks.append(chunk)
@@ -170,3 +209,10 @@ class HttpTarget:
             if size > limit:
                 return b"".join(chunks)[:limit], True
         return b"".join(chunks), False
+
+
+def _headers(response: httpcore.Response) -> dict[str, str]:
+    """Response headers, names lower-cased; a repeated header keeps its last value."""
+    return {
+        name.decode("latin-1").lower(): value.decode("latin-1") for name, value in response.headers
+    }

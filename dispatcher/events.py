@@ -243,6 +243,10 @@ def validated(attributes: dict[str, str], data: bytes | None) -> Event:
     missing = [name for name in ("id", "source", "type") if not attributes.get(name)]
     if missing:
         raise EventError(f"missing required attribute(s): {', '.join(missing)}")
+    content_type = attributes.get("datacontenttype")
+    if content_type is not None and not (content_type.isascii() and content_type.isprintable()):
+        # It becomes the HTTP Content-Type header, which is ASCII.
+        raise EventError(f"datacontenttype {content_type!r} is not a printable ASCII media type")
     typed: dict[str, Any] = dict(attributes)
     if "time" in typed:
         try:
@@ -289,8 +293,9 @@ def wrap(message: AmqpMessage, vhost: str, queue: str) -> Event:
         "source": f"rabbitmq://{quote(vhost, safe='')}/{quote(queue, safe='')}",
         "type": WRAPPED_TYPE,
     }
-    if message.content_type and not _CONTROL.search(message.content_type):
-        attributes["datacontenttype"] = message.content_type
+    content_type = message.content_type
+    if content_type and content_type.isascii() and content_type.isprintable():
+        attributes["datacontenttype"] = content_type
     return Event(attributes, message.body)
 
 

@@ -12,13 +12,11 @@ import threading
 import time
 from functools import partial
 
-import httpx
-
 from dispatcher.broker import Supervisor
 from dispatcher.broker_params import virtual_host
 from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
-from dispatcher.delivery import HttpTarget, make_client
+from dispatcher.delivery import HttpTarget, ThreadClients
 from dispatcher.handler import Action, Delivery, Handler
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics, code_class
@@ -41,7 +39,7 @@ class Service:
         self._stop_requested = threading.Event()
         self.supervisor = Supervisor(settings.broker, self.metrics)
         self.publisher = Publisher(settings.broker) if _needs_publisher(settings) else None
-        self._clients: list[httpx.Client] = []
+        self._clients: list[ThreadClients] = []
         self._pools: list[WorkerPool[Delivery]] = []
         vhost = virtual_host(settings.broker)
         for binding in settings.bindings:
@@ -49,8 +47,7 @@ class Service:
 
     def _add_binding(self, binding: BindingSettings, vhost: str) -> None:
         workers = 1 if binding.ordered else binding.parallelism
-        # Room for the subscriber, the dead-letter sink and the reply URL at once.
-        client = make_client(binding.tls, max_connections=workers * 2)
+        client = ThreadClients(binding.tls)
         self._clients.append(client)
         publish_timeout = binding.delivery.timeout
         subscriber = HttpTarget(

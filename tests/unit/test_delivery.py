@@ -6,11 +6,11 @@ import socket
 import threading
 import time
 
-import httpx
+import httpcore
 import pytest
 
 from dispatcher.config import DeliverySettings, TlsSettings
-from dispatcher.delivery import ERROR_BODY_LIMIT, HttpTarget, Result, make_client
+from dispatcher.delivery import ERROR_BODY_LIMIT, HttpTarget, Result, ThreadClients
 from dispatcher.events import HttpRequestParts
 from tests.support.subscriber import Reply
 
@@ -19,7 +19,7 @@ REQUEST = HttpRequestParts({"ce-id": "1"}, b"{}")
 
 @pytest.fixture
 def client():
-    c = make_client(TlsSettings(), 4)
+    c = ThreadClients(TlsSettings())
     yield c
     c.close()
 
@@ -166,12 +166,31 @@ def test_error_bodies_are_truncated(client, make_subscriber):
     assert outcome.last.truncated
 
 
-def test_client_does_not_follow_redirects_or_use_env_proxies(monkeypatch):
+def test_proxy_settings_in_the_environment_are_ignored(client, subscriber, monkeypatch):
+    # A dispatcher must not reroute events through whatever proxy its pod inherits.
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
-    c = make_client(TlsSettings(), 1)
-    try:
-        assert c.follow_redirects is False
-        assert c._trust_env is False
-        assert isinstance(c, httpx.Client)
-    finally:
-        c.close()
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    assert target(client, subscriber.url, retry=0).send(REQUEST).result is Result.DELIVERED
+
+
+def test_user_agent_and_headers_are_sent(client, subscriber):
+    target(client, subscriber.url).send(HttpRequestParts({"ce-id": "7", "x-a": "b"}, b"body"))
+    [request] = subscriber.requests
+    assert request.headers["user-agent"] == "dispatcher"
+    assert request.headers["ce-id"] == "7"
+    assert request.headers["content-length"] == "4"
+    assert request.body == b"body"
+
+
+def test_each_thread_gets_its_own_client_and_close_closes_all():
+    clients = ThreadClients(TlsSettings())
+    mine = clients.get()
+    assert clients.get() is mine
+    theirs: list[httpcore.ConnectionPool] = []
+    thread = threading.Thread(target=lambda: theirs.append(clients.get()))
+    thread.start()
+    thread.join()
+    assert theirs[0] is not mine
+    clients.close()
+    assert clients._all == []

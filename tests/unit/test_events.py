@@ -79,6 +79,7 @@ def test_header_value_types_pika_delivers(value, text):
         ({"time": "2026-01-02T03:04:05"}, "no time zone"),
         ({"Bad-Name": "x"}, "invalid CloudEvent"),
         ({"id": ""}, "missing required attribute(s): id"),
+        ({"datacontenttype": "t\u00e9xt/plain"}, "not a printable ASCII media type"),
     ],
 )
 def test_malformed_events_raise_with_a_reason(extra, reason):
