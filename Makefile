@@ -6,6 +6,8 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 CONFIG ?= config/dispatcher.yaml
 DEMO_PORT ?= 8080
 PYTEST_ARGS ?=
+# e.g. make bench BENCH_ARGS="--events 5000 --repeat 1"
+BENCH_ARGS ?=
 DEFAULT_BROKER_URL = amqp://guest:guest@localhost:5672/%2F
 
 # Exits non-zero, with a message, unless something accepts TCP connections at
@@ -59,8 +61,7 @@ test-faults: $(VENV)/.installed
 	$(PY) -m pytest -m fault $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
-	@if test -f tests/bench/run.py; then $(PY) tests/bench/run.py; \
-	else echo "no benchmarks yet"; fi
+	$(PY) tests/bench/run.py $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dispatcher tests cmd

@@ -292,7 +292,6 @@ class Supervisor:
             message_id=props.message_id,
             properties=_identity_properties(props),
         )
-        self._metrics.inflight.labels(b.settings.name).inc()
         b.dispatch(Delivery(generation, method.delivery_tag, bool(method.redelivered), message))
 
     def _on_cancelled(self, b: _Binding, generation: int, _frame: Any) -> None:

@@ -55,7 +55,7 @@ class Metrics:
         )
         self.inflight = Gauge(
             "dispatcher_inflight",
-            "Messages received and not yet settled.",
+            "Messages being handled by a worker.",
             ["binding"],
             registry=r,
         )

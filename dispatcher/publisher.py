@@ -75,13 +75,13 @@ class Publisher:
         if request.error is not None:
             raise PublishError(request.error)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         with self._lock:
             self._closed = True
             thread = self._thread
         if thread is not None:
             self._requests.put(None)
-            thread.join(timeout=5.0)
+            thread.join(timeout)
 
     def _ensure_thread(self) -> None:
         with self._lock:

@@ -26,8 +26,9 @@ from dispatcher.reply import Replier
 
 log = get_logger()
 
-# After grace, the connection close and the publisher get this long, at most.
-CLOSE_BOUND = 5.0
+# After grace, closing the consuming connection and the publisher each get
+# this long at most, so `run` returns within grace + 2 * CLOSE_BOUND.
+CLOSE_BOUND = 3.0
 
 
 class Service:
@@ -98,6 +99,7 @@ class Service:
 
     def _work(self, binding: str, handler: Handler, delivery: Delivery) -> None:
         action = Action.LEAVE
+        self.metrics.inflight.labels(binding).inc()
         try:
             action = handler.handle(delivery)
         except Exception:
@@ -139,7 +141,7 @@ class Service:
             log.warning("grace period over; unfinished messages stay unacked for redelivery")
         self.supervisor.finish(timeout=CLOSE_BOUND)
         if self.publisher is not None:
-            self.publisher.close()
+            self.publisher.close(timeout=CLOSE_BOUND)
         for client in self._clients:
             client.close()
         log.info("shutdown complete", clean=idle)

@@ -1,0 +1,87 @@
+"""Settlement edge cases: no target, unroutable dead letters, shutdown, in-flight accounting."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.support import broker
+from tests.support.broker import event_headers, publish, queue_depth, wait_until
+from tests.support.subscriber import Reply
+
+pytestmark = pytest.mark.broker
+
+
+def test_no_dead_letter_target_and_no_dlx_requeues_after_backoff(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
+    svc = run_service(sub.url, delivery={"retry": 0, "backoff_delay": "300ms", "backoff_max": "1s"})
+    publish(svc.queue, headers=event_headers("n-1"))
+    svc.wait_events("delivered", 1)
+    first, second = sub.wait_for(2)
+    assert svc.events("requeued") == 1
+    assert second.at - first.at >= 0.3 * 0.8  # the requeue waited (jitter is +-20%)
+
+
+def test_unroutable_dead_letter_is_not_accepted(make_subscriber, run_service):
+    """An exchange with no bound queue would drop the letter: mandatory makes that a failure."""
+    sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
+    exchange = broker.unique("nowhere")
+    with broker.channel() as ch:
+        ch.exchange_declare(exchange, "direct")
+    svc = run_service(
+        sub.url,
+        delivery={"retry": 0},
+        dead_letter={"exchange": exchange},
+        extra_exchanges=[exchange],
+    )
+    publish(svc.queue, headers=event_headers("u-1"))
+    svc.wait_events("delivered", 1)
+    assert svc.events("requeued") == 1
+    assert svc.events("dead_lettered") == 0
+
+
+def test_inflight_gauge_follows_deliveries(make_subscriber, run_service):
+    release = threading.Event()
+
+    def hold(_r, _i):
+        release.wait(10)
+        return Reply(200)
+
+    sub = make_subscriber(hold)
+    svc = run_service(sub.url)
+    publish(svc.queue, headers=event_headers("i-1"))
+    sub.wait_for(1)
+    assert svc.value("dispatcher_inflight", binding="b") == 1
+    release.set()
+    svc.wait_events("delivered", 1)
+    wait_until(lambda: svc.value("dispatcher_inflight", binding="b") == 0, message="inflight 0")
+
+
+def test_shutdown_with_a_hung_subscriber_is_bounded_and_leaves_the_message(
+    make_subscriber, run_service
+):
+    sub = make_subscriber(lambda _r, _i: Reply(hang=True))
+    svc = run_service(sub.url, delivery={"timeout": "60s"})
+    publish(svc.queue, headers=event_headers("h-1"))
+    sub.wait_for(1)
+    started = time.monotonic()
+    svc.service.request_stop()
+    svc.service.shutdown()  # grace is 3 s in the fixture
+    elapsed = time.monotonic() - started
+    assert 2.5 < elapsed < 3 + 2 * 3.0 + 1
+    # Not acked, not dead-lettered: the broker has it back for redelivery.
+    wait_until(lambda: queue_depth(svc.queue) == 1, message="the message back in the queue")
+    assert svc.events("dead_lettered") == 0
+
+
+def test_shutdown_lets_in_flight_work_finish_and_acks_it(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(200, delay=1.0))
+    svc = run_service(sub.url)
+    publish(svc.queue, headers=event_headers("f-1"))
+    sub.wait_for(1)
+    svc.service.request_stop()
+    svc.service.shutdown()
+    assert svc.events("delivered") == 1
+    assert queue_depth(svc.queue) == 0
