@@ -150,7 +150,12 @@ class Supervisor:
     def _run(self) -> None:
         failures = 0
         while not self._stopping.is_set():
-            reason = self._serve_one_connection()
+            try:
+                reason = self._serve_one_connection()
+            except Exception:
+                # Never let the one thread that consumes die: log, back off, rebuild.
+                log.exception("broker supervisor error")
+                reason = "error"
             if self._stopping.is_set():
                 break
             failures = 0 if self._was_open else failures + 1

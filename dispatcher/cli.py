@@ -66,7 +66,11 @@ def _run(settings: Settings) -> int:
     from dispatcher.service import Service
 
     logs.configure(settings.logging.level, settings.logging.format)
-    service = Service(settings)
+    try:
+        service = Service(settings)
+    except ConfigError as e:
+        sys.stderr.write(f"dispatcher: {e}\n")
+        return EXIT_USAGE
     _install_signal_handlers(service)
     try:
         service.run()

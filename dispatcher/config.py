@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlsplit
 
+import pika
 import yaml
 
 from dispatcher.errors import ConfigError
@@ -296,7 +297,7 @@ def _broker(raw: object, key: str) -> BrokerSettings:
     d = BrokerSettings()
     return BrokerSettings(
         url=s.get("url", _amqp_url, d.url),
-        heartbeat=s.get("heartbeat", parse_duration, d.heartbeat),  # 0 disables heartbeats
+        heartbeat=s.get("heartbeat", _heartbeat, d.heartbeat),
         connection_name=s.get("connection_name", _non_empty_str, d.connection_name),
         tls=s.nested("tls", _tls),
         reconnect=s.nested("reconnect", _reconnect),
@@ -655,7 +656,25 @@ def _redact_text(text: str) -> str:
 
 
 def _amqp_url(value: object, key: str) -> str:
-    return _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
+    url = _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
+    try:
+        # Query parameters (?heartbeat=, ?channel_max=) are pika's to read: let
+        # it reject them now rather than at connect time, forever, in a loop.
+        pika.URLParameters(url)
+    except Exception as e:  # pika raises ValueError, TypeError or its own errors
+        raise ConfigError(key, f"invalid connection parameter in {_show(url)}: {e}") from None
+    return url
+
+
+def _heartbeat(value: object, key: str) -> float:
+    seconds = parse_duration(value, key)
+    if seconds == 0:
+        return 0.0  # heartbeats off, as in RabbitMQ
+    if seconds < 1:
+        raise ConfigError(key, "must be 0 (off) or at least 1s")
+    if seconds > 65535:
+        raise ConfigError(key, "must be at most 65535s (the AMQP limit)")
+    return seconds
 
 
 def _http_url(value: object, key: str) -> str:

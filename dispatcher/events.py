@@ -63,6 +63,10 @@ _VOLATILE_HEADERS: Final = frozenset(
 # The CloudEvents HTTP binding (3.1.3.2): printable ASCII except space, '"' and '%'.
 _HTTP_SAFE: Final = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+# Attributes the JSON format requires to be strings (extensions may be numbers or booleans).
+_STRING_ATTRIBUTES: Final = frozenset(
+    {"specversion", "id", "source", "type", "datacontenttype", "dataschema", "subject", "time"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,43 +198,78 @@ def _from_structured(content_type: str, body: bytes) -> Event:
     if not content_type.lower().startswith(STRUCTURED_CONTENT_TYPE):
         raise EventError(f"unsupported structured content type {content_type!r}")
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        document = strict_json(body)
+    except ValueError as e:
         raise EventError(f"structured event is not valid JSON: {e}") from e
     if not isinstance(document, dict):
         raise EventError("structured event is not a JSON object")
     return from_json_document(document)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def strict_json(data: bytes | str) -> Any:
+    """``json.loads`` that refuses NaN/Infinity and turns every failure into ValueError.
+
+    A hostile document nested 100k deep raises RecursionError in the stdlib
+    parser; it is bad input like any other.
+    """
+    try:
+        return json.loads(data, parse_constant=_reject_constant, parse_float=_finite)
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8: {e}") from e
+
+
 def from_json_document(document: dict[str, Any]) -> Event:
     """Build an Event from a JSON-format CloudEvent document (already parsed)."""
+    if "data" in document and "data_base64" in document:
+        raise EventError("structured event has both data and data_base64")
+    attributes = _json_attributes(document)
+    return validated(attributes, _json_data(document, attributes.get("datacontenttype")))
+
+
+def _json_attributes(document: dict[str, Any]) -> dict[str, str]:
     attributes: dict[str, str] = {}
     for name, value in document.items():
-        if name in ("data", "data_base64"):
+        if name in ("data", "data_base64") or value is None:
             continue
-        if value is None:
-            continue
+        if name in _STRING_ATTRIBUTES and not isinstance(value, str):
+            raise EventError(f"attribute {name!r} must be a JSON string")
         if isinstance(value, dict | list):
             raise EventError(f"attribute {name!r} must be a string, number or boolean")
-        attributes[name] = _header_text(name, value) if not isinstance(value, str) else value
-    for name, value in attributes.items():
-        _clean(name, value)
-    data: bytes | None = None
+        text = value if isinstance(value, str) else _header_text(name, value)
+        attributes[name] = _clean(name, text)
+    return attributes
+
+
+def _json_data(document: dict[str, Any], content_type: str | None) -> bytes | None:
     if "data_base64" in document:
         encoded = document["data_base64"]
         if not isinstance(encoded, str):
             raise EventError("data_base64 must be a string")
         try:
-            data = base64.b64decode(encoded, validate=True)
+            return base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError) as e:
             raise EventError("data_base64 is not valid base64") from e
-    elif "data" in document:
-        value = document["data"]
-        if isinstance(value, str) and not _is_json(attributes.get("datacontenttype")):
-            data = value.encode("utf-8")
-        else:
-            data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    return validated(attributes, data)
+    if "data" not in document:
+        return None
+    value = document["data"]
+    if isinstance(value, str) and not _is_json(content_type):
+        return value.encode("utf-8")
+    # The JSON format carries data as a JSON value, so it is re-encoded here;
+    # numbers beyond double precision round as in any JSON consumer.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def validated(attributes: dict[str, str], data: bytes | None) -> Event:
@@ -334,32 +373,42 @@ def to_http(event: Event, mode: str, trace: Mapping[str, str] | None = None) -> 
 
 
 def to_json(event: Event) -> bytes:
-    """The JSON event format; data embedded as JSON when it is JSON, else text or base64."""
+    """The JSON event format; data embedded as JSON when it is JSON, else text or base64.
+
+    JSON data is spliced in byte for byte (after checking it parses), never
+    decoded and re-encoded: numbers keep their precision and keys their order.
+    """
     document: dict[str, Any] = dict(event.attributes)
     data = event.data
+    raw_json: bytes | None = None
     if data is not None:
         content_type = event.attributes.get("datacontenttype")
-        embedded = _embeddable(data, content_type)
-        if embedded is not None:
-            document["data"] = embedded
+        if _is_json(content_type) and _parses(data):
+            raw_json = data.strip()
+        elif content_type and content_type.lower().startswith("text/") and _utf8(data):
+            document["data"] = data.decode("utf-8")
         else:
             document["data_base64"] = base64.b64encode(data).decode("ascii")
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    encoded = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if raw_json is None:
+        return encoded
+    return encoded[:-1] + b',"data":' + raw_json + b"}"
 
 
-def _embeddable(data: bytes, content_type: str | None) -> Any:
+def _parses(data: bytes) -> bool:
     try:
-        text = data.decode("utf-8")
+        strict_json(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
     except UnicodeDecodeError:
-        return None
-    if _is_json(content_type):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return None
-    if content_type and content_type.lower().startswith("text/"):
-        return text
-    return None
+        return False
+    return True
 
 
 def trace_headers(headers: Mapping[str, Any]) -> dict[str, str]:
@@ -382,18 +431,29 @@ def trace_headers(headers: Mapping[str, Any]) -> dict[str, str]:
 # --------------------------------------------------------------------- HTTP -> Event (replies)
 
 
+def is_http_cloudevent(headers: Mapping[str, str]) -> bool:
+    """Whether HTTP headers claim a CloudEvent (binary ``ce-specversion`` or structured type)."""
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered == "ce-specversion":
+            return True
+        if lowered == "content-type" and value.lower().startswith("application/cloudevents"):
+            return True
+    return False
+
+
 def from_http_response(headers: Mapping[str, str], body: bytes) -> Event | None:
     """The CloudEvent in a subscriber's response, ``None`` when it holds none.
 
     Raises ``EventError`` when the response claims to be a CloudEvent (has
     ``ce-specversion`` or a structured content type) but is not a valid one.
     """
+    if not is_http_cloudevent(headers):
+        return None
     lowered = {k.lower(): v for k, v in headers.items()}
     content_type = lowered.get("content-type", "")
     if content_type.lower().startswith("application/cloudevents"):
         return _from_structured(content_type, body)
-    if "ce-specversion" not in lowered:
-        return None
     attributes: dict[str, str] = {}
     for name, value in lowered.items():
         if name.startswith("ce-"):

@@ -11,6 +11,11 @@ broker thread applies to the message's own channel generation. The rules
 - LEAVE the message unacked when shutdown interrupts a wait: the broker
   redelivers it, nothing is dead-lettered on the way out.
 
+A redelivered message whose event this process already delivered or
+dead-lettered (or is still delivering) is acked without a second request
+(``dedupe``). An unexpected error while handling a message dead-letters it
+with the reason rather than requeueing it into the same error forever.
+
 Every final outcome writes exactly one ``event: "delivery"`` log line.
 """
 
@@ -28,6 +33,7 @@ import structlog
 from dispatcher import events
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
+from dispatcher.dedupe import DedupeStore
 from dispatcher.delivery import Attempt, HttpTarget, Result
 from dispatcher.errors import EventError, NotACloudEvent
 from dispatcher.events import AmqpMessage, Event
@@ -79,6 +85,7 @@ class Handler:
         subscriber: HttpTarget,
         dead_letterer: DeadLetterer,
         replier: Replier,
+        dedupe: DedupeStore,
         metrics: Metrics,
         stopping: threading.Event,
         clock: Callable[[], float] = time.monotonic,
@@ -88,6 +95,7 @@ class Handler:
         self._subscriber = subscriber
         self._dead_letterer = dead_letterer
         self._replier = replier
+        self._dedupe = dedupe
         self._metrics = metrics
         self._stopping = stopping
         self._clock = clock
@@ -102,12 +110,40 @@ class Handler:
         structlog.contextvars.clear_contextvars()  # pool threads are reused: no leaks
         structlog.contextvars.bind_contextvars(binding=self._binding.name)
         event, problem = self._read(delivery.message)
-        if problem is not None:
-            final = self._give_up(event, Failure(-1, reason=problem), attempts=0)
-        else:
-            final = self._deliver(event, delivery.message)
+        if delivery.redelivered and self._already_settled(event):
+            self._metrics.duplicates_suppressed.labels(self._binding.name).inc()
+            log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
+            return Action.ACK
+        claim = self._dedupe.claim(event.key) if self._dedupe.enabled else None
+        settled = False
+        try:
+            final = self._settle(event, problem, delivery.message)
+            settled = final.outcome in ("delivered", "dead_lettered")
+        finally:
+            if claim is not None:
+                self._dedupe.release(claim, settled)
         self._record(delivery, event, final, started)
         return final.action
+
+    def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
+        if problem is not None:
+            return self._give_up(event, Failure(-1, reason=problem), attempts=0)
+        try:
+            return self._deliver(event, message)
+        except Exception as e:
+            # A bug met by this message. Requeueing would meet it again forever;
+            # dead-letter it with the reason instead, so the queue moves on.
+            log.exception("internal error while delivering", ce_id=event.id)
+            reason = f"internal error: {type(e).__name__}: {e}"
+            return self._give_up(event, Failure(-1, reason=reason), attempts=0)
+
+    def _already_settled(self, event: Event) -> bool:
+        """A redelivery of an event this process delivered or dead-lettered (or is doing so)."""
+        if not self._dedupe.enabled:
+            return False
+        # An attempt in flight ends within its own deadline; wait no longer.
+        wait = self._subscriber.deadline_seconds() + 1.0
+        return self._dedupe.settled_before(event.key, wait, self._stopping)
 
     # ----------------------------------------------------------------- steps
 
@@ -127,6 +163,9 @@ class Handler:
             return self._wrapped(message), "not a CloudEvent (non_cloudevent: dead_letter)"
         except EventError as e:
             return self._wrapped(message), f"malformed CloudEvent: {e.reason}"
+        except Exception as e:  # a mapping bug must not loop the message forever
+            log.exception("internal error while reading a message")
+            return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"
 
     def _wrapped(self, message: AmqpMessage) -> Event:
         return events.wrap(message, self._vhost, self._binding.queue)
@@ -154,6 +193,8 @@ class Handler:
         """None when there is nothing to forward or it was accepted."""
         if not self._replier.enabled:
             return None
+        if not events.is_http_cloudevent(last.headers):
+            return None  # a plain answer, however large, is just an answer
         if last.truncated:
             limit = self._binding.max_body_size
             return _ReplyProblem(f"invalid reply: larger than max_body_size {limit}", True)
@@ -178,6 +219,10 @@ class Handler:
         return self._not_settled(attempts, failure.code, reason)
 
     def _not_settled(self, attempts: int, status: int, reason: str) -> _Final:
+        if self._stopping.is_set():
+            # Shutdown cut a dead-letter or reply attempt short: that is not a
+            # failure of the message. Leave it for redelivery (PRODUCT.md).
+            return _Final(Action.LEAVE, None, attempts, status, reason)
         if self._own_dlx:
             return _Final(Action.REJECT, "rejected", attempts, status, reason)
         # Requeueing at once would hand the same failing message straight back.

@@ -53,6 +53,8 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self.connections_opened = 0  # long-lived: stays 1 while the broker stays up
+        self.connections_opened = 0  # long-lived means this stays at 1 while the broker does
 
     def publish(
         self,
@@ -125,14 +127,12 @@ class Publisher:
                 request.error = "timed out before it could be published"
                 break
             try:
-                if (
-                    connection is None
-                    or not connection.is_open
-                    or channel is None
-                    or channel.is_closed
-                ):
+                if connection is None or not connection.is_open:
                     _close_quietly(connection)
                     connection, channel = self._connect()
+                elif channel is None or channel.is_closed:
+                    # A channel error (404 exchange) leaves the connection fine.
+                    channel = self._open_channel(connection)
                 channel.basic_publish(
                     request.exchange,
                     request.routing_key,
@@ -163,10 +163,15 @@ class Publisher:
     def _connect(self) -> tuple[Any, Any]:
         params = connection_parameters(self._broker, self._suffix)
         connection = pika.BlockingConnection(params)
+        self.connections_opened += 1
+        log.info("publisher connected")
+        return connection, self._open_channel(connection)
+
+    @staticmethod
+    def _open_channel(connection: Any) -> Any:
         channel = connection.channel()
         channel.confirm_delivery()
-        log.info("publisher connected")
-        return connection, channel
+        return channel
 
 
 def _close_quietly(connection: Any) -> None:

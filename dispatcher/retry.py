@@ -66,7 +66,7 @@ def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit() also accepts '²'
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

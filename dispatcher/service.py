@@ -8,15 +8,18 @@ broker to redeliver, and the connection is closed. Every step is bounded.
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from functools import partial
 
 from dispatcher.broker import Supervisor
-from dispatcher.broker_params import virtual_host
+from dispatcher.broker_params import connection_parameters, virtual_host
 from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
+from dispatcher.dedupe import DedupeStore
 from dispatcher.delivery import HttpTarget, ThreadClients
+from dispatcher.errors import ConfigError
 from dispatcher.handler import Action, Delivery, Handler
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics, code_class
@@ -42,13 +45,17 @@ class Service:
         self.publisher = Publisher(settings.broker) if _needs_publisher(settings) else None
         self._clients: list[ThreadClients] = []
         self._pools: list[WorkerPool[Delivery]] = []
+        _check_broker_tls(settings)
         vhost = virtual_host(settings.broker)
-        for binding in settings.bindings:
-            self._add_binding(binding, vhost)
+        for index, binding in enumerate(settings.bindings):
+            self._add_binding(index, binding, vhost)
 
-    def _add_binding(self, binding: BindingSettings, vhost: str) -> None:
+    def _add_binding(self, index: int, binding: BindingSettings, vhost: str) -> None:
         workers = 1 if binding.ordered else binding.parallelism
-        client = ThreadClients(binding.tls)
+        try:
+            client = ThreadClients(binding.tls)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"bindings[{index}].tls", f"cannot load: {e}") from e
         self._clients.append(client)
         publish_timeout = binding.delivery.timeout
         subscriber = HttpTarget(
@@ -84,6 +91,7 @@ class Service:
             Replier(
                 binding.reply, binding.content_mode, reply_target, self.publisher, publish_timeout
             ),
+            DedupeStore(binding.dedupe_window),
             self.metrics,
             self._give_up,
         )
@@ -150,6 +158,15 @@ class Service:
         self.start()
         self.wait_for_stop()
         self.shutdown()
+
+
+def _check_broker_tls(settings: Settings) -> None:
+    """Load the broker's CA and client certificate now: a bad file is a config error at
+    start, not a connect failure retried forever."""
+    try:
+        connection_parameters(settings.broker, "check")
+    except (OSError, ssl.SSLError, ValueError) as e:
+        raise ConfigError("broker.tls", f"cannot load: {e}") from e
 
 
 def _needs_publisher(settings: Settings) -> bool:

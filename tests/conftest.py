@@ -4,6 +4,7 @@ on the shared broker.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -81,8 +82,7 @@ class RunningService:
 def run_service() -> Iterator[Callable[..., RunningService]]:
     """Start a service with one binding ``b`` on a fresh queue; everything is deleted after."""
     started: list[Service] = []
-    queues: list[str] = []
-    exchanges: list[str] = []
+    cleanup: list[tuple[str, list[str], list[str]]] = []
 
     def start(
         subscriber_url: str,
@@ -90,16 +90,18 @@ def run_service() -> Iterator[Callable[..., RunningService]]:
         extra_queues: list[str] | None = None,
         extra_exchanges: list[str] | None = None,
         top: dict[str, Any] | None = None,
+        url: str = broker.URL,
+        wait_ready: bool = True,
+        broker_settings: dict[str, Any] | None = None,
         **binding: Any,
     ) -> RunningService:
         queue = queue or broker.unique("q")
-        queues.append(queue)
-        queues.extend(extra_queues or [])
-        exchanges.extend(extra_exchanges or [])
+        cleanup.append((url, [queue, *(extra_queues or [])], list(extra_exchanges or [])))
         raw: dict[str, Any] = {
             "broker": {
-                "url": broker.URL,
+                "url": url,
                 "reconnect": {"initial_delay": "50ms", "max_delay": "1s"},
+                **(broker_settings or {}),
             },
             "shutdown": {"grace": "3s"},
             "bindings": [binding_config(queue, subscriber_url, **copy.deepcopy(binding))],
@@ -108,11 +110,15 @@ def run_service() -> Iterator[Callable[..., RunningService]]:
         service = Service(settings_from_dict(raw, {}))
         service.start()
         started.append(service)
-        broker.wait_until(service.ready, 15, "the service to have a consumer")
+        if wait_ready:
+            broker.wait_until(service.ready, 15, "the service to have a consumer")
         return RunningService(service, queue)
 
     yield start
     for service in started:
         service.request_stop()
         service.shutdown()
-    broker.delete(queues, exchanges)
+    for url, queues, exchanges in cleanup:
+        # A fault test may leave its node stopped; its queues go with the node.
+        with contextlib.suppress(Exception):
+            broker.delete(queues, exchanges, url=url)

@@ -85,3 +85,83 @@ def test_shutdown_lets_in_flight_work_finish_and_acks_it(make_subscriber, run_se
     svc.service.shutdown()
     assert svc.events("delivered") == 1
     assert queue_depth(svc.queue) == 0
+
+
+def declare_fanout_with_queue(url: str = broker.URL) -> tuple[str, str]:
+    exchange, queue = broker.unique("x"), broker.unique("xq")
+    with broker.channel(url) as ch:
+        ch.exchange_declare(exchange, "fanout")
+        ch.queue_declare(queue)
+        ch.queue_bind(queue, exchange)
+    return exchange, queue
+
+
+REPLY = {"ce-specversion": "1.0", "ce-id": "r", "ce-source": "/r", "ce-type": "t"}
+
+
+def test_shutdown_during_a_reply_retry_leaves_the_message_not_rejected(
+    make_subscriber, run_service
+):
+    """PRODUCT.md: at shutdown the rest is left unacked, not dead-lettered (review defect 2)."""
+    sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
+    ingress = make_subscriber(lambda _r, _i: Reply(503))
+    dlx, dlq = declare_fanout_with_queue()
+    svc = run_service(
+        sub.url,
+        reply={"url": ingress.url},
+        declare={"dead_letter_exchange": dlx},
+        delivery={"retry": 5, "backoff_delay": "5s", "backoff_max": "5s"},
+        extra_queues=[dlq],
+        extra_exchanges=[dlx],
+    )
+    publish(svc.queue, headers=event_headers("sd-1"))
+    ingress.wait_for(1)
+    svc.service.request_stop()
+    svc.service.shutdown()
+    wait_until(lambda: queue_depth(svc.queue) == 1, message="the message back in its queue")
+    assert queue_depth(dlq) == 0
+    assert svc.events("rejected") == 0
+
+
+def test_a_large_plain_answer_with_reply_configured_is_just_delivered(make_subscriber, run_service):
+    """Only a CloudEvent answer is a reply; size limits apply to replies (review defect 4)."""
+    sub = make_subscriber(
+        lambda _r, _i: Reply(200, headers={"content-type": "text/html"}, body=b"x" * 4096)
+    )
+    ingress = make_subscriber()
+    svc = run_service(sub.url, reply={"url": ingress.url}, max_body_size=1024)
+    publish(svc.queue, headers=event_headers("big-answer"))
+    svc.wait_events("delivered", 1)
+    assert ingress.requests == []
+    assert svc.events("dead_lettered") == 0
+
+
+def test_publisher_keeps_one_connection_across_channel_errors(make_subscriber, run_service):
+    """A 404 exchange closes the channel, not the connection (review defect 3, FIELD-NOTES 4)."""
+    sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
+    svc = run_service(sub.url, reply={"exchange": broker.unique("missing")})
+    publish(svc.queue, headers=event_headers("p-1"))
+    svc.wait_events("requeued", 3, timeout=20)
+    assert svc.service.publisher is not None
+    assert svc.service.publisher.connections_opened == 1
+
+
+def test_an_internal_error_dead_letters_instead_of_looping(
+    make_subscriber, run_service, monkeypatch
+):
+    from dispatcher import events
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("boom")
+
+    sub = make_subscriber()
+    sink = make_subscriber()
+    svc = run_service(sub.url, dead_letter={"sink": sink.url})
+    monkeypatch.setattr(events, "trace_headers", broken)  # used only on the way to the subscriber
+    publish(svc.queue, headers=event_headers("bug-1"))
+    svc.wait_events("dead_lettered", 1)
+    assert sub.requests == []
+    [letter] = sink.requests
+    assert "internal error: RuntimeError: boom" in letter.headers["ce-dispatchererror"].replace(
+        "%20", " "
+    )

@@ -254,3 +254,44 @@ def test_amqp_headers_round_trip():
     headers, content_type = events.to_amqp_headers(event)
     again = events.from_amqp(AmqpMessage(event.data or b"", headers, content_type))
     assert again == Event(dict(event.attributes), b"d")
+
+
+@pytest.mark.parametrize(
+    ("document", "reason"),
+    [
+        ('{"specversion":"1.0","id":"1","source":"/s","type":"t","data":NaN}', "not JSON"),
+        ('{"specversion":"1.0","id":"1","source":"/s","type":"t","data":1e400}', "out of range"),
+        ("[" * 100_000, "nested too deeply"),
+        ('{"specversion":1.0,"id":"1","source":"/s","type":"t"}', "must be a JSON string"),
+        (
+            '{"specversion":"1.0","id":"1","source":"/s","type":"t","data":1,"data_base64":"AA=="}',
+            "both data and data_base64",
+        ),
+    ],
+)
+def test_structured_documents_that_are_not_valid_cloudevents_json(document, reason):
+    message = AmqpMessage(document.encode(), {}, "application/cloudevents+json")
+    with pytest.raises(EventError) as caught:
+        events.from_amqp(message)
+    assert reason in caught.value.reason
+
+
+def test_structured_output_splices_json_data_byte_for_byte():
+    data = b'{"precise": 1.00000000000000001, "big": 12345678901234567890.5, "k": 1, "k": 2}'
+    parts = events.to_http(
+        Event({**REQUIRED, "datacontenttype": "application/json"}, data), "structured"
+    )
+    assert parts.body.endswith(b',"data":' + data + b"}")
+    assert json.loads(parts.body)["id"] == "e1"
+
+
+def test_deeply_nested_json_data_goes_base64_not_crash():
+    data = b"[" * 100_000
+    document = json.loads(events.to_http(Event(dict(REQUIRED), data), "structured").body)
+    assert base64.b64decode(document["data_base64"]) == data
+
+
+def test_reply_detection():
+    assert events.is_http_cloudevent({"Ce-Specversion": "1.0"})
+    assert events.is_http_cloudevent({"Content-Type": "application/cloudevents+json"})
+    assert not events.is_http_cloudevent({"content-type": "text/html"})

@@ -54,3 +54,8 @@ def test_parse_retry_after_forms():
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None
     assert parse_retry_after("-5") is None
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1.5", "1e3"])
+def test_parse_retry_after_rejects_non_ascii_digits_and_non_integers(value):
+    assert parse_retry_after(value) is None

@@ -1,0 +1,105 @@
+"""Duplicate suppression: what this process has in flight or recently settled, per binding.
+
+When a channel or connection dies under an in-flight delivery, the HTTP
+request is not aborted, and the broker redelivers the message on the new
+channel. Without this store the subscriber would get the event twice. With
+it, a *redelivered* message whose event (source, id) is
+
+- settled here within ``dedupe_window`` (delivered, or accepted by a
+  dead-letter target) is acked without a second request;
+- still in flight here waits for that attempt: acked if it settles, delivered
+  normally if it does not (its verdict died with its channel).
+
+Only redeliveries consult the store: a first delivery with the same id is a
+publisher's duplicate, which stays the subscriber's to judge (and two
+different plain messages can share a wrapped digest id). Memory is bounded:
+at most ``capacity`` settled keys, oldest forgotten first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Key = tuple[str, str]  # (source, id)
+
+DEFAULT_CAPACITY = 100_000
+
+
+@dataclass(slots=True)
+class Claim:
+    """An attempt in flight; waiters block on ``done`` and then read ``settled``."""
+
+    key: Key
+    done: threading.Event = field(default_factory=threading.Event)
+    settled: bool = False
+
+
+class DedupeStore:
+    def __init__(
+        self,
+        window: float,
+        capacity: int = DEFAULT_CAPACITY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._window = window
+        self._capacity = capacity
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._in_flight: dict[Key, Claim] = {}
+        self._settled: OrderedDict[Key, float] = OrderedDict()  # key -> expiry, oldest first
+
+    @property
+    def enabled(self) -> bool:
+        return self._window > 0
+
+    def settled_before(self, key: Key, wait: float, give_up: threading.Event) -> bool:
+        """True when ``key`` was settled here, waiting (bounded) for an attempt in flight."""
+        with self._lock:
+            self._expire()
+            if key in self._settled:
+                return True
+            claim = self._in_flight.get(key)
+        if claim is None:
+            return False
+        deadline = self._clock() + wait
+        # Poll the shutdown flag too: a waiter must not outlive the grace period.
+        while not claim.done.wait(min(0.5, max(0.0, deadline - self._clock()))):
+            if give_up.is_set() or self._clock() >= deadline:
+                return False
+        return claim.settled
+
+    def claim(self, key: Key) -> Claim | None:
+        """Register an attempt; ``None`` when another attempt for ``key`` is in flight."""
+        with self._lock:
+            if key in self._in_flight:
+                return None
+            claim = Claim(key)
+            self._in_flight[key] = claim
+            return claim
+
+    def release(self, claim: Claim, settled: bool) -> None:
+        with self._lock:
+            self._in_flight.pop(claim.key, None)
+            if settled:
+                self._settled[claim.key] = self._clock() + self._window
+                self._settled.move_to_end(claim.key)
+                while len(self._settled) > self._capacity:
+                    self._settled.popitem(last=False)
+        claim.settled = settled
+        claim.done.set()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._settled)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._settled:
+            key, expiry = next(iter(self._settled.items()))
+            if expiry > now:
+                return
+            del self._settled[key]

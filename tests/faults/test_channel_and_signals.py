@@ -1,0 +1,171 @@
+"""Channel-level closes with the connection alive, and SIGTERM in bad weather."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.broker import event_headers, publish, publish_events, unique, wait_until
+from tests.support.node import RabbitNode
+from tests.support.subscriber import Received, Reply
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CONSUMER_TIMEOUT_MS = 3000
+
+
+@pytest.fixture(scope="module")
+def short_timeout_node() -> Iterator[RabbitNode]:
+    """consumer_timeout is per node in 3.10 and enforced on the channel tick."""
+    node = RabbitNode(
+        advanced_config=(
+            f"[{{rabbit, [{{consumer_timeout, {CONSUMER_TIMEOUT_MS}}},"
+            " {channel_tick_interval, 1000}]}]."
+        )
+    ).start()
+    yield node
+    node.shutdown()
+
+
+def test_consumer_timeout_closes_the_channel_and_nothing_is_acked_in_anothers_place(
+    short_timeout_node: RabbitNode, make_subscriber, run_service
+):
+    """Failure 2 and the tag-reuse fact: the broker closes the channel (406), the
+    connection stays; after the rebuild no old tag may ack a new message."""
+
+    def slow_first(request: Received, _i: int) -> Reply:
+        slow = request.headers.get("ce-id") == "ct-slow"
+        return Reply(200, delay=10.0 if slow else 0.05)
+
+    sub = make_subscriber(slow_first)
+    svc = run_service(
+        sub.url, url=short_timeout_node.url, parallelism=4, delivery={"timeout": "30s"}
+    )
+    ids = ["ct-slow", *[f"ct-{i:02d}" for i in range(19)]]
+    publish_events(svc.queue, ids, url=short_timeout_node.url)
+    svc.wait_events("delivered", 20, timeout=90)
+    assert sorted(sub.ids()) == sorted(ids)  # every id, each exactly once
+    assert svc.value("dispatcher_reconnects_total", reason="channel_closed") >= 1
+    connection_closes = sum(
+        svc.value("dispatcher_reconnects_total", reason=r)
+        for r in ("connection_lost", "closed_by_broker", "heartbeat_timeout")
+    )
+    assert connection_closes == 0
+    wait_until(svc.service.ready, 20, "a consumer again")
+    wait_until(lambda: short_timeout_node.ready_messages(svc.queue) == 0, 20, "the queue to drain")
+    assert short_timeout_node.unacked(svc.queue) == 0
+
+
+# ----------------------------------------------------------------------------- SIGTERM
+
+
+class Process:
+    def __init__(self, node: RabbitNode, subscriber_url: str, tmp_path: Path, grace: str) -> None:
+        self.queue = unique("sig")
+        config = {
+            "broker": {
+                "url": node.url,
+                "reconnect": {"initial_delay": "50ms", "max_delay": "1s"},
+            },
+            "http": {"listen": "127.0.0.1:0"},
+            "shutdown": {"grace": grace},
+            "bindings": [
+                {
+                    "name": "sig",
+                    "queue": self.queue,
+                    "subscriber": subscriber_url,
+                    "declare": {"durable": True},
+                    "delivery": {"timeout": "120s"},
+                }
+            ],
+        }
+        path = tmp_path / "dispatcher.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "dispatcher", "run", "--config", str(path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_for_line(self, event: str) -> dict[str, object]:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            if line.startswith("{") and json.loads(line).get("event") == event:
+                return json.loads(line)  # type: ignore[no-any-return]
+        raise AssertionError(f"the process ended before logging {event!r}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+
+@pytest.fixture
+def process(live_node: RabbitNode, tmp_path: Path) -> Iterator:
+    made: list[Process] = []
+
+    def make(subscriber_url: str, grace: str = "2s") -> Process:
+        p = Process(live_node, subscriber_url, tmp_path, grace)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.kill()
+
+
+def test_sigterm_with_a_hung_subscriber(live_node: RabbitNode, make_subscriber, process):
+    sub = make_subscriber(lambda _r, _i: Reply(hang=True))
+    proc = process(sub.url, grace="2s")
+    proc.wait_for_line("consumer attached")
+    publish(proc.queue, headers=event_headers("hang-1"), url=live_node.url)
+    sub.wait_for(1)
+    started = time.monotonic()
+    proc.stop()
+    assert proc.popen.wait(timeout=20) == 0
+    assert time.monotonic() - started < 2 + 7  # grace + the close bounds
+    wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")
+
+
+def test_sigterm_with_the_broker_down(live_node: RabbitNode, make_subscriber, process):
+    sub = make_subscriber(lambda _r, _i: Reply(hang=True))
+    proc = process(sub.url, grace="2s")
+    proc.wait_for_line("consumer attached")
+    publish(proc.queue, headers=event_headers("down-1"), url=live_node.url)
+    sub.wait_for(1)
+    live_node.stop_app()
+    started = time.monotonic()
+    proc.stop()
+    assert proc.popen.wait(timeout=20) == 0
+    assert time.monotonic() - started < 2 + 7
+    live_node.start_app()
+    wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")
+
+
+def test_a_second_signal_exits_at_once(live_node: RabbitNode, make_subscriber, process):
+    sub = make_subscriber(lambda _r, _i: Reply(hang=True))
+    proc = process(sub.url, grace="60s")
+    proc.wait_for_line("consumer attached")
+    publish(proc.queue, headers=event_headers("twice-1"), url=live_node.url)
+    sub.wait_for(1)
+    proc.stop(signal.SIGINT)
+    proc.wait_for_line("shutdown started")
+    started = time.monotonic()
+    proc.stop(signal.SIGINT)
+    assert proc.popen.wait(timeout=10) == 1
+    assert time.monotonic() - started < 2
+    wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")

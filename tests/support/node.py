@@ -1,0 +1,229 @@
+"""A disposable RabbitMQ node for fault tests: stop it, restart it, close its connections.
+
+Never the shared broker at 5672: each node gets its own name, free ports,
+data directory and log directory, and is shut down at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pika
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RabbitNode:
+    def __init__(self, advanced_config: str | None = None, tls: Path | None = None) -> None:
+        self.name = f"faults-{uuid.uuid4().hex[:8]}@localhost"
+        self.port = free_port()
+        self.tls_port = free_port() if tls else None
+        self.dir = Path(tempfile.mkdtemp(prefix="rabbit-node-"))
+        lines = [
+            f"listeners.tcp.default = 127.0.0.1:{self.port}",
+            "loopback_users = none",
+        ]
+        if tls is not None:
+            lines += [
+                f"listeners.ssl.default = 127.0.0.1:{self.tls_port}",
+                f"ssl_options.cacertfile = {tls / 'ca.pem'}",
+                f"ssl_options.certfile = {tls / 'server.pem'}",
+                f"ssl_options.keyfile = {tls / 'server.key'}",
+                "ssl_options.verify = verify_peer",
+                "ssl_options.fail_if_no_peer_cert = true",
+            ]
+        (self.dir / "mnesia").mkdir()
+        (self.dir / "log").mkdir()
+        (self.dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
+        # No plugins: the management API's lists lag or come back empty for
+        # live state; rabbitmqctl answers these tests, and the node starts faster.
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        if advanced_config:
+            (self.dir / "advanced.config").write_text(advanced_config)
+        self.env = {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_DIST_PORT": str(free_port()),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.dir / "advanced.config"),
+            "RABBITMQ_PID_FILE": str(self.dir / "pid"),
+        }
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> RabbitNode:
+        # The server runs as user rabbitmq: its files must be its own.
+        subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(self.dir)], check=True)
+        subprocess.run(
+            ["rabbitmq-server", "-detached"],
+            env=self.env,
+            check=True,
+            timeout=60,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.ctl("wait", str(self.dir / "pid"), timeout=120)
+        self.wait_accepting()
+        return self
+
+    def shutdown(self) -> None:
+        try:
+            self.ctl("shutdown", timeout=60, check=False)
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop_app(self) -> None:
+        self.ctl("stop_app")
+
+    def start_app(self) -> float:
+        """Start the app again; returns when it was back (before our own probe connected)."""
+        self.ctl("start_app")
+        back = time.monotonic()
+        self.wait_accepting()
+        return back
+
+    def ctl(self, *args: str, timeout: float = 60, check: bool = True) -> str:
+        result = subprocess.run(
+            ["rabbitmqctl", "-n", self.name, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr[-500:]}")
+        return result.stdout
+
+    def eval(self, expression: str, timeout: float = 120) -> str:
+        return self.ctl("eval", expression, timeout=timeout).strip()
+
+    def wait_accepting(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pika.BlockingConnection(pika.URLParameters(self.url)).close()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    # ----------------------------------------------------------------- inspection
+
+    def connection_names(self) -> list[str]:
+        """Live client connection names (the management API's lists lag or come back empty)."""
+        out = self.ctl("-q", "list_connections", "client_properties")
+        return re.findall(r'\{"connection_name","([^"]*)"\}', out)
+
+    def channel_count(self) -> int:
+        out = self.ctl("-q", "list_channels", "pid")
+        return sum(1 for line in out.splitlines() if line.startswith("<"))
+
+    def consumers(self, queue: str) -> int:
+        expression = (
+            f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>)),'
+            " length(rabbit_amqqueue:consumers(Q))."
+        )
+        return int(self.eval(expression))
+
+    def close_all_connections(self) -> None:
+        self.eval(
+            '[rabbit_networking:close_connection(P, "fault test") '
+            "|| P <- rabbit_networking:connections()], ok."
+        )
+
+    def unacked(self, queue: str) -> int:
+        for line in self.ctl("-q", "list_queues", "name", "messages_unacknowledged").splitlines():
+            parts = line.split()
+            if parts and parts[0] == queue:
+                return int(parts[1])
+        raise AssertionError(f"queue {queue} not on the node")
+
+    def ready_messages(self, queue: str) -> int:
+        for line in self.ctl("-q", "list_queues", "name", "messages_ready").splitlines():
+            parts = line.split()
+            if parts and parts[0] == queue:
+                return int(parts[1])
+        raise AssertionError(f"queue {queue} not on the node")
+
+
+def make_tls_material(directory: Path) -> Path:
+    """A self-signed CA, a server certificate for 127.0.0.1/localhost and a client certificate."""
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
+    for name, extension in (
+        ("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        (directory / f"{name}.ext").write_text(extension + "\n")
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.pem",
+        )
+    subprocess.run(["chmod", "-R", "a+rX", str(directory)], check=True)
+    for path in directory.iterdir():
+        path.chmod(0o644)
+    return directory
