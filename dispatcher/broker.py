@@ -190,7 +190,7 @@ class Supervisor:
             for b in self._bindings.values():
                 self._forget_channel(b)
             self._metrics.broker_connected.set(0)
-            self._metrics.broker_blocked.set(0)
+            self._metrics.set_blocked("consumer", False)
             connection.ioloop.close()  # frees the poller and its wake-up pipe
         return self._close_reason
 
@@ -226,11 +226,11 @@ class Supervisor:
         connection.ioloop.stop()
 
     def _on_blocked(self, _connection: Any, _frame: Any) -> None:
-        self._metrics.broker_blocked.set(1)
+        self._metrics.set_blocked("consumer", True)
         log.warning("broker blocked the connection (resource alarm)")
 
     def _on_unblocked(self, _connection: Any, _frame: Any) -> None:
-        self._metrics.broker_blocked.set(0)
+        self._metrics.set_blocked("consumer", False)
         log.info("broker unblocked the connection")
 
     # ----------------------------------------------------------------- channels and consumers

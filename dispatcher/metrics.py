@@ -6,6 +6,8 @@ load), an outcome, a status class, a reconnect reason. Never an event id or URL.
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # `_created` series double the scrape size and no dashboard reads them.
@@ -86,9 +88,20 @@ class Metrics:
             ["binding"],
             registry=r,
         )
+        self._blocked: set[str] = set()
+        self._blocked_lock = threading.Lock()
         self.broker_blocked = Gauge(
             "dispatcher_broker_blocked", "1 while the broker has blocked a connection.", registry=r
         )
+
+    def set_blocked(self, connection: str, blocked: bool) -> None:
+        """``dispatcher_broker_blocked`` is 1 while any of our connections is blocked."""
+        with self._blocked_lock:
+            if blocked:
+                self._blocked.add(connection)
+            else:
+                self._blocked.discard(connection)
+            self.broker_blocked.set(1 if self._blocked else 0)
 
     def register_binding(self, binding: str) -> None:
         """Create every labelled child so dashboards see zeros, not gaps."""

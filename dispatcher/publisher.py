@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +46,17 @@ class _Request:
 
 
 class Publisher:
-    def __init__(self, broker: BrokerSettings, name_suffix: str = "publisher") -> None:
+    def __init__(
+        self,
+        broker: BrokerSettings,
+        name_suffix: str = "publisher",
+        on_blocked: Callable[[bool], None] | None = None,
+    ) -> None:
         self._broker = broker
         self._suffix = name_suffix
+        # A resource alarm blocks publishing connections (this one), never the
+        # consuming one; blocked_connection_timeout turns a block into an error.
+        self._on_blocked = on_blocked or (lambda _blocked: None)
         self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -141,6 +149,7 @@ class Publisher:
                     mandatory=True,
                 )
                 request.error = None
+                self._on_blocked(False)
                 break
             except pika.exceptions.UnroutableError:
                 request.error = f"unroutable: exchange {request.exchange!r} routed it to no queue"
@@ -153,6 +162,14 @@ class Publisher:
                 request.error = f"channel closed by the broker: {e.reply_code} {e.reply_text}"
                 channel = None
                 break
+            except pika.exceptions.ConnectionBlockedTimeout:
+                # BlockingConnection delivers the Blocked notification only between
+                # publishes, so the timeout is the reliable sign. Still blocked
+                # until a publish goes through.
+                request.error = "the broker blocked publishing (resource alarm)"
+                self._on_blocked(True)
+                _close_quietly(connection)
+                connection, channel = None, None
             except Exception as e:  # pika's connection errors all end here
                 request.error = f"broker connection failed: {type(e).__name__}"
                 _close_quietly(connection)
@@ -164,6 +181,8 @@ class Publisher:
         params = connection_parameters(self._broker, self._suffix)
         connection = pika.BlockingConnection(params)
         self.connections_opened += 1
+        connection.add_on_connection_blocked_callback(lambda *_: self._on_blocked(True))
+        connection.add_on_connection_unblocked_callback(lambda *_: self._on_blocked(False))
         log.info("publisher connected")
         return connection, self._open_channel(connection)
 

@@ -42,7 +42,11 @@ class Service:
         self._give_up = threading.Event()
         self._stop_requested = threading.Event()
         self.supervisor = Supervisor(settings.broker, self.metrics)
-        self.publisher = Publisher(settings.broker) if _needs_publisher(settings) else None
+        self.publisher = (
+            Publisher(settings.broker, on_blocked=partial(self.metrics.set_blocked, "publisher"))
+            if _needs_publisher(settings)
+            else None
+        )
         self._clients: list[ThreadClients] = []
         self._pools: list[WorkerPool[Delivery]] = []
         _check_broker_tls(settings)

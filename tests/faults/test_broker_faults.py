@@ -239,3 +239,46 @@ def test_tls_with_a_client_certificate(
     publish(svc.queue, headers=event_headers("tls-1"), url=live_node.url)
     svc.wait_events("delivered", 1)
     assert sub.ids() == ["tls-1"]
+
+
+def test_a_resource_alarm_cannot_hang_dead_lettering(
+    live_node: RabbitNode, make_subscriber, run_service
+):
+    """Connection.Blocked hangs publishes forever without blocked_connection_timeout."""
+    alarm_on = threading.Event()
+
+    def refuse_once_alarmed(_r: Received, _i: int) -> Reply:
+        alarm_on.wait(30)
+        return Reply(400)
+
+    from tests.support.broker import channel
+
+    dlx, dlq = "alarm-dlx", "alarm-dlq"
+    with channel(live_node.url) as ch:
+        ch.exchange_declare(dlx, "fanout")
+        ch.queue_declare(dlq)
+        ch.queue_bind(dlq, dlx)
+    sub = make_subscriber(refuse_once_alarmed)
+    svc = run_service(
+        sub.url,
+        url=live_node.url,
+        broker_settings={"blocked_timeout": "2s"},
+        dead_letter={"exchange": dlx},
+        extra_queues=[dlq],
+        extra_exchanges=[dlx],
+        delivery={"retry": 0, "backoff_delay": "100ms", "backoff_max": "500ms", "timeout": "5s"},
+    )
+    publish(svc.queue, headers=event_headers("alarm-1"), url=live_node.url)
+    sub.wait_for(1)
+    live_node.ctl("set_vm_memory_high_watermark", "0.0000001")
+    try:
+        alarm_on.set()
+        wait_until(lambda: svc.value("dispatcher_broker_blocked") == 1, 20, "the block to show")
+        svc.wait_events("requeued", 1, timeout=30)  # the blocked publish failed; not acked
+        assert svc.events("dead_lettered") == 0
+    finally:
+        live_node.ctl("set_vm_memory_high_watermark", "0.4")
+    svc.wait_events("dead_lettered", 1, timeout=30)
+    wait_until(lambda: svc.value("dispatcher_broker_blocked") == 0, 20, "the block to clear")
+    assert total_reconnects(svc, "connection_lost", "closed_by_broker", "heartbeat_timeout") == 0
+    wait_until(lambda: live_node.ready_messages(dlq) >= 1, 10, "the dead letter")

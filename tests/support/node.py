@@ -153,14 +153,13 @@ class RabbitNode:
         )
 
     def unacked(self, queue: str) -> int:
-        for line in self.ctl("-q", "list_queues", "name", "messages_unacknowledged").splitlines():
-            parts = line.split()
-            if parts and parts[0] == queue:
-                return int(parts[1])
-        raise AssertionError(f"queue {queue} not on the node")
+        return self._queue_column(queue, "messages_unacknowledged")
 
     def ready_messages(self, queue: str) -> int:
-        for line in self.ctl("-q", "list_queues", "name", "messages_ready").splitlines():
+        return self._queue_column(queue, "messages_ready")
+
+    def _queue_column(self, queue: str, column: str) -> int:
+        for line in self.ctl("-q", "list_queues", "name", column).splitlines():
             parts = line.split()
             if parts and parts[0] == queue:
                 return int(parts[1])
