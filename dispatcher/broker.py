@@ -162,8 +162,18 @@ class Supervisor:
             self._metrics.reconnects.labels(reason).inc()
             delay = self._backoff(failures)
             log.warning("broker disconnected", reason=reason, retry_in_s=round(delay, 3))
-            self._stopping.wait(delay)
+            self._wait_ticking(delay)
         log.info("broker supervisor stopped")
+
+    def _wait_ticking(self, seconds: float) -> None:
+        """Wait to reconnect, still ticking: a broker outage is not a stuck process."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping.is_set():
+            self.last_tick = time.monotonic()
+            left = deadline - self.last_tick
+            if left <= 0:
+                return
+            self._stopping.wait(min(left, _TICK))
 
     def _backoff(self, failures: int) -> float:
         reconnect = self._broker.reconnect

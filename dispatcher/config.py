@@ -173,15 +173,33 @@ _ENV_OVERRIDES: Final = (
 
 
 def load_settings(path: str | None, environ: Mapping[str, str]) -> Settings:
-    """Read the config file (``path``, else ``$DISPATCHER_CONFIG``, else the default)."""
+    """Read the config file (``path``, else ``$DISPATCHER_CONFIG``, else the default).
+
+    With no config file at all and ``QUEUE_NAME`` set, build one binding from
+    the Knative dispatcher's variables instead (``dispatcher.knative``).
+    """
     resolved, named_by = _resolve_config_path(path, environ)
+    if named_by == "config" and not path:
+        from dispatcher import knative  # knative imports this module
+
+        if knative.wanted(environ, os.path.exists(resolved)):
+            return settings_from_dict(knative.raw_config(environ), environ, knative.ORIGINS)
     raw = _read_yaml(resolved, named_by)
     return settings_from_dict(raw, environ)
 
 
-def settings_from_dict(raw: Mapping[str, object], environ: Mapping[str, str]) -> Settings:
-    """Apply the environment overrides to ``raw`` and validate the result."""
+def settings_from_dict(
+    raw: Mapping[str, object],
+    environ: Mapping[str, str],
+    origins_of_raw: Mapping[str, str] | None = None,
+) -> Settings:
+    """Apply the environment overrides to ``raw`` and validate the result.
+
+    ``origins_of_raw`` maps key paths to the variables they came from, when
+    ``raw`` itself was built from the environment, so errors name those.
+    """
     merged, origins = _apply_env_overrides(raw, environ)
+    origins = {**(origins_of_raw or {}), **origins}
     try:
         return _settings(merged, "")
     except ConfigError as err:

@@ -88,6 +88,12 @@ class Metrics:
             ["binding"],
             registry=r,
         )
+        self.delivery_timeout = Gauge(
+            "dispatcher_delivery_timeout_seconds",
+            "Configured per-attempt timeout (lets alerts compare latency with it).",
+            ["binding"],
+            registry=r,
+        )
         self._blocked: set[str] = set()
         self._blocked_lock = threading.Lock()
         self.broker_blocked = Gauge(

@@ -26,6 +26,7 @@ from dispatcher.metrics import Metrics, code_class
 from dispatcher.pool import WorkerPool
 from dispatcher.publisher import Publisher
 from dispatcher.reply import Replier
+from dispatcher.server import OpsServer
 
 log = get_logger()
 
@@ -48,6 +49,17 @@ class Service:
             else None
         )
         self._clients: list[ThreadClients] = []
+        try:
+            self.ops = OpsServer(
+                settings.http.host,
+                settings.http.port,
+                self.metrics.registry,
+                last_tick=lambda: self.supervisor.last_tick,
+                consumers=self.supervisor.consumers,
+                stopping=self._stop_requested.is_set,
+            )
+        except OSError as e:
+            raise ConfigError("http.listen", f"cannot listen on {settings.http.listen}: {e}") from e
         self._pools: list[WorkerPool[Delivery]] = []
         _check_broker_tls(settings)
         vhost = virtual_host(settings.broker)
@@ -56,6 +68,7 @@ class Service:
 
     def _add_binding(self, index: int, binding: BindingSettings, vhost: str) -> None:
         workers = 1 if binding.ordered else binding.parallelism
+        self.metrics.delivery_timeout.labels(binding.name).set(binding.delivery.timeout)
         try:
             client = ThreadClients(binding.tls)
         except (OSError, ssl.SSLError) as e:
@@ -127,6 +140,7 @@ class Service:
 
     def start(self) -> None:
         log.info("starting", bindings=[b.name for b in self.settings.bindings])
+        self.ops.start()
         self.supervisor.start()
 
     def request_stop(self) -> None:
@@ -156,6 +170,7 @@ class Service:
             self.publisher.close(timeout=CLOSE_BOUND)
         for client in self._clients:
             client.close()
+        self.ops.close()
         log.info("shutdown complete", clean=idle)
 
     def run(self) -> None:

@@ -103,6 +103,7 @@ def run_service() -> Iterator[Callable[..., RunningService]]:
                 "reconnect": {"initial_delay": "50ms", "max_delay": "1s"},
                 **(broker_settings or {}),
             },
+            "http": {"listen": "127.0.0.1:0"},
             "shutdown": {"grace": "3s"},
             "bindings": [binding_config(queue, subscriber_url, **copy.deepcopy(binding))],
             **(top or {}),

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.broker import event_headers, publish, publish_events, unique, wait_until
 from tests.support.node import RabbitNode
+from tests.support.process import DispatcherProcess
 from tests.support.subscriber import Received, Reply
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parents[2]
 CONSUMER_TIMEOUT_MS = 3000
 
 
@@ -68,58 +64,31 @@ def test_consumer_timeout_closes_the_channel_and_nothing_is_acked_in_anothers_pl
 # ----------------------------------------------------------------------------- SIGTERM
 
 
-class Process:
-    def __init__(self, node: RabbitNode, subscriber_url: str, tmp_path: Path, grace: str) -> None:
-        self.queue = unique("sig")
-        config = {
-            "broker": {
-                "url": node.url,
-                "reconnect": {"initial_delay": "50ms", "max_delay": "1s"},
-            },
-            "http": {"listen": "127.0.0.1:0"},
-            "shutdown": {"grace": grace},
-            "bindings": [
-                {
-                    "name": "sig",
-                    "queue": self.queue,
-                    "subscriber": subscriber_url,
-                    "declare": {"durable": True},
-                    "delivery": {"timeout": "120s"},
-                }
-            ],
-        }
-        path = tmp_path / "dispatcher.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "dispatcher", "run", "--config", str(path)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def wait_for_line(self, event: str) -> dict[str, object]:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            if line.startswith("{") and json.loads(line).get("event") == event:
-                return json.loads(line)  # type: ignore[no-any-return]
-        raise AssertionError(f"the process ended before logging {event!r}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        self.popen.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(10)
+def sigterm_config(node: RabbitNode, subscriber_url: str, queue: str, grace: str) -> dict:
+    return {
+        "broker": {"url": node.url, "reconnect": {"initial_delay": "50ms", "max_delay": "1s"}},
+        "http": {"listen": "127.0.0.1:0"},
+        "shutdown": {"grace": grace},
+        "bindings": [
+            {
+                "name": "sig",
+                "queue": queue,
+                "subscriber": subscriber_url,
+                "declare": {"durable": True},
+                "delivery": {"timeout": "120s"},
+            }
+        ],
+    }
 
 
 @pytest.fixture
 def process(live_node: RabbitNode, tmp_path: Path) -> Iterator:
-    made: list[Process] = []
+    made: list[DispatcherProcess] = []
 
-    def make(subscriber_url: str, grace: str = "2s") -> Process:
-        p = Process(live_node, subscriber_url, tmp_path, grace)
+    def make(subscriber_url: str, grace: str = "2s") -> DispatcherProcess:
+        queue = unique("sig")
+        p = DispatcherProcess(sigterm_config(live_node, subscriber_url, queue, grace), tmp_path)
+        p.queue = queue  # type: ignore[attr-defined]
         made.append(p)
         return p
 
@@ -131,11 +100,11 @@ def process(live_node: RabbitNode, tmp_path: Path) -> Iterator:
 def test_sigterm_with_a_hung_subscriber(live_node: RabbitNode, make_subscriber, process):
     sub = make_subscriber(lambda _r, _i: Reply(hang=True))
     proc = process(sub.url, grace="2s")
-    proc.wait_for_line("consumer attached")
+    proc.wait_for("consumer attached")
     publish(proc.queue, headers=event_headers("hang-1"), url=live_node.url)
     sub.wait_for(1)
     started = time.monotonic()
-    proc.stop()
+    proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(timeout=20) == 0
     assert time.monotonic() - started < 2 + 7  # grace + the close bounds
     wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")
@@ -144,12 +113,12 @@ def test_sigterm_with_a_hung_subscriber(live_node: RabbitNode, make_subscriber, 
 def test_sigterm_with_the_broker_down(live_node: RabbitNode, make_subscriber, process):
     sub = make_subscriber(lambda _r, _i: Reply(hang=True))
     proc = process(sub.url, grace="2s")
-    proc.wait_for_line("consumer attached")
+    proc.wait_for("consumer attached")
     publish(proc.queue, headers=event_headers("down-1"), url=live_node.url)
     sub.wait_for(1)
     live_node.stop_app()
     started = time.monotonic()
-    proc.stop()
+    proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(timeout=20) == 0
     assert time.monotonic() - started < 2 + 7
     live_node.start_app()
@@ -159,13 +128,13 @@ def test_sigterm_with_the_broker_down(live_node: RabbitNode, make_subscriber, pr
 def test_a_second_signal_exits_at_once(live_node: RabbitNode, make_subscriber, process):
     sub = make_subscriber(lambda _r, _i: Reply(hang=True))
     proc = process(sub.url, grace="60s")
-    proc.wait_for_line("consumer attached")
+    proc.wait_for("consumer attached")
     publish(proc.queue, headers=event_headers("twice-1"), url=live_node.url)
     sub.wait_for(1)
-    proc.stop(signal.SIGINT)
-    proc.wait_for_line("shutdown started")
+    proc.popen.send_signal(signal.SIGINT)
+    proc.wait_for("shutdown started")
     started = time.monotonic()
-    proc.stop(signal.SIGINT)
+    proc.popen.send_signal(signal.SIGINT)
     assert proc.popen.wait(timeout=10) == 1
     assert time.monotonic() - started < 2
     wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")

@@ -1,0 +1,125 @@
+"""Knative drop-in mode: one binding from the Knative RabbitMQ dispatcher's variables.
+
+With no config file and ``QUEUE_NAME`` set, the service reads the environment
+the Knative eventing-rabbitmq controller gives its dispatcher, with Knative's
+defaults and meanings:
+
+=====================  ===========================  ===============================
+variable               becomes                      Knative default / meaning
+=====================  ===========================  ===============================
+QUEUE_NAME             bindings[0].queue            required
+RABBIT_URL             broker.url                   required (RABBITMQ_URL overrides)
+SUBSCRIBER             bindings[0].subscriber       required
+PARALLELISM            bindings[0].parallelism      1
+RETRY                  delivery.retry               0; retries after the first attempt
+BACKOFF_POLICY         delivery.backoff_policy      exponential (empty) or linear
+BACKOFF_DELAY          delivery.backoff_delay       50ms, a Go duration; 0 means 50ms
+(none)                 delivery.backoff_max         Knative has no cap: the longest
+                                                    wait of the retry schedule
+TIMEOUT                delivery.timeout             0 = none in Knative; here 0 or
+                                                    unset keeps the 10s default,
+                                                    since every attempt needs a bound
+DLX_NAME               dead_letter.exchange         the trigger's dead-letter exchange
+DEAD_LETTER_SINK       dead_letter.sink             (ours; Knative resolves it elsewhere)
+BROKER_INGRESS_URL     reply.url                    replies go back into the broker
+=====================  ===========================  ===============================
+
+The queue already exists (the Knative controller declares it, with its own
+arguments), so drop-in mode never declares it. A bad value is a
+``ConfigError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from dispatcher.config import parse_duration
+from dispatcher.errors import ConfigError
+
+KNATIVE_DEFAULT_BACKOFF_DELAY = 0.05
+DEFAULT_BACKOFF_MAX = 30.0
+
+# key path in the settings -> the variable a user must fix
+ORIGINS: Mapping[str, str] = {
+    "broker.url": "RABBIT_URL",
+    "bindings[0].name": "QUEUE_NAME",
+    "bindings[0].queue": "QUEUE_NAME",
+    "bindings[0].subscriber": "SUBSCRIBER",
+    "bindings[0].parallelism": "PARALLELISM",
+    "bindings[0].delivery.retry": "RETRY",
+    "bindings[0].delivery.backoff_policy": "BACKOFF_POLICY",
+    "bindings[0].delivery.backoff_delay": "BACKOFF_DELAY",
+    "bindings[0].delivery.timeout": "TIMEOUT",
+    "bindings[0].dead_letter.exchange": "DLX_NAME",
+    "bindings[0].dead_letter.sink": "DEAD_LETTER_SINK",
+    "bindings[0].reply.url": "BROKER_INGRESS_URL",
+}
+
+
+def wanted(environ: Mapping[str, str], config_file_exists: bool) -> bool:
+    return not config_file_exists and bool(environ.get("QUEUE_NAME"))
+
+
+def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The raw settings dict (validated later by ``config.settings_from_dict``)."""
+    queue = environ["QUEUE_NAME"]
+    delivery: dict[str, Any] = {
+        "retry": _integer(environ.get("RETRY") or "0"),
+        "backoff_policy": environ.get("BACKOFF_POLICY") or "exponential",
+        "backoff_delay": _backoff_delay(environ.get("BACKOFF_DELAY")),
+    }
+    delivery["backoff_max"] = _uncapped(delivery)
+    timeout = environ.get("TIMEOUT")
+    if timeout and parse_duration(timeout, "TIMEOUT") > 0:
+        delivery["timeout"] = timeout
+    binding: dict[str, Any] = {
+        "name": re.sub(r"[^A-Za-z0-9_.-]", "-", queue)[:64],
+        "queue": queue,
+        "subscriber": _required(environ, "SUBSCRIBER"),
+        "parallelism": _integer(environ.get("PARALLELISM") or "1"),
+        "delivery": delivery,
+        "dead_letter": {
+            "exchange": environ.get("DLX_NAME") or None,
+            "sink": environ.get("DEAD_LETTER_SINK") or None,
+        },
+        "reply": {"url": environ.get("BROKER_INGRESS_URL") or None},
+    }
+    broker_url = environ.get("RABBITMQ_URL") or _required(environ, "RABBIT_URL")
+    return {"broker": {"url": broker_url}, "bindings": [binding]}
+
+
+def _uncapped(delivery: dict[str, Any]) -> float:
+    """Knative caps no backoff: make our cap the largest wait its schedule reaches."""
+    retry, delay = delivery["retry"], delivery["backoff_delay"]
+    if not isinstance(retry, int) or retry < 1:
+        return DEFAULT_BACKOFF_MAX  # validation reports a bad RETRY by name
+    if delivery["backoff_policy"] == "linear":
+        largest = delay * retry
+    else:
+        largest = delay * 2.0 ** min(retry - 1, 62)
+    return float(max(DEFAULT_BACKOFF_MAX, largest))
+
+
+def _required(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name)
+    if not value:
+        raise ConfigError(name, "required in Knative drop-in mode (QUEUE_NAME is set)")
+    return value
+
+
+def _integer(text: str) -> int | str:
+    """An int when the text is one; else the text, so validation names the variable."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        return text
+
+
+def _backoff_delay(text: str | None) -> float:
+    if not text:
+        return KNATIVE_DEFAULT_BACKOFF_DELAY
+    seconds = parse_duration(text, "BACKOFF_DELAY")
+    # Knative's dispatcher: "BackoffDelay is zero, enforcing default".
+    return seconds if seconds > 0 else KNATIVE_DEFAULT_BACKOFF_DELAY

@@ -1,0 +1,89 @@
+"""Knative drop-in mode: Knative's variables, defaults and meanings."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.config import load_settings
+from dispatcher.errors import ConfigError
+
+BASE = {
+    "QUEUE_NAME": "t.default.trig",
+    "RABBIT_URL": "amqp://u:p@rabbit:5672/%2F",
+    "SUBSCRIBER": "http://svc.ns.svc.cluster.local/",
+}
+
+
+def load(tmp_path, monkeypatch, **env):
+    monkeypatch.chdir(tmp_path)  # no config/dispatcher.yaml here
+    return load_settings(None, {**BASE, **env})
+
+
+def test_knative_defaults(tmp_path, monkeypatch):
+    settings = load(tmp_path, monkeypatch)
+    [b] = settings.bindings
+    assert (b.queue, b.name, b.subscriber) == (
+        "t.default.trig",
+        "t.default.trig",
+        BASE["SUBSCRIBER"],
+    )
+    assert b.parallelism == 1
+    assert b.delivery.retry == 0
+    assert b.delivery.backoff_policy == "exponential"
+    assert b.delivery.backoff_delay == pytest.approx(0.05)
+    assert b.delivery.timeout == 10.0
+    assert b.declare is None  # the controller owns the queue
+    assert b.dead_letter.exchange is None and b.reply.url is None
+    assert settings.broker.url == BASE["RABBIT_URL"]
+
+
+def test_knative_values(tmp_path, monkeypatch):
+    settings = load(
+        tmp_path,
+        monkeypatch,
+        PARALLELISM="8",
+        RETRY="4",
+        BACKOFF_POLICY="linear",
+        BACKOFF_DELAY="1m30s",
+        TIMEOUT="3s",
+        DLX_NAME="t.dlx",
+        BROKER_INGRESS_URL="http://broker-ingress/",
+        DEAD_LETTER_SINK="http://dls/",
+    )
+    [b] = settings.bindings
+    assert b.parallelism == 8 and b.delivery.retry == 4
+    assert b.delivery.backoff_policy == "linear"
+    assert b.delivery.backoff_delay == 90.0
+    assert b.delivery.timeout == 3.0
+    assert b.dead_letter.exchange == "t.dlx" and b.dead_letter.sink == "http://dls/"
+    assert b.reply.url == "http://broker-ingress/"
+
+
+def test_zero_delay_and_timeout_keep_knative_and_our_defaults(tmp_path, monkeypatch):
+    [b] = load(tmp_path, monkeypatch, BACKOFF_DELAY="0s", TIMEOUT="0s").bindings
+    assert b.delivery.backoff_delay == pytest.approx(0.05)
+    assert b.delivery.timeout == 10.0
+
+
+def test_rabbitmq_url_overrides_rabbit_url(tmp_path, monkeypatch):
+    settings = load(tmp_path, monkeypatch, RABBITMQ_URL="amqp://x:y@other:5672/%2F")
+    assert settings.broker.url == "amqp://x:y@other:5672/%2F"
+
+
+def test_a_config_file_wins_over_queue_name(tmp_path, monkeypatch):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config/dispatcher.yaml").write_text(
+        "bindings: [{name: f, queue: fileq, subscriber: 'http://127.0.0.1:1/'}]\n"
+    )
+    assert load(tmp_path, monkeypatch).bindings[0].queue == "fileq"
+
+
+def test_error_names_the_variable(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, monkeypatch, RETRY="-2")
+    assert str(caught.value) == "RETRY: must be >= 0"
+
+
+def test_backoff_is_not_capped_below_knatives_schedule(tmp_path, monkeypatch):
+    [b] = load(tmp_path, monkeypatch, RETRY="6", BACKOFF_DELAY="2s").bindings
+    assert b.delivery.backoff_max == 2.0 * 2**5  # the sixth retry waits 64 s in Knative
