@@ -8,6 +8,13 @@ DEMO_PORT ?= 8080
 PYTEST_ARGS ?=
 # e.g. make bench BENCH_ARGS="--events 5000 --repeat 1"
 BENCH_ARGS ?=
+# Container image: an engine that builds Dockerfiles, the tag, and the base
+# (a Python 3.11 image; on machines that cannot pull, a locally made one).
+CONTAINER ?= podman
+IMAGE ?= dispatcher:0.1.0
+BASE ?= python:3.11-slim-bookworm
+# Optional CA bundle for a TLS-intercepting proxy, given to the build as a secret.
+CA_BUNDLE ?=
 DEFAULT_BROKER_URL = amqp://guest:guest@localhost:5672/%2F
 
 # Exits non-zero, with a message, unless something accepts TCP connections at
@@ -25,7 +32,7 @@ except OSError as e:
 endef
 export BROKER_CHECK_PY
 
-.PHONY: all venv run publish test test-unit test-faults bench lint clean distclean
+.PHONY: all venv run publish test test-unit test-faults bench lint clean distclean image image-smoke
 
 all: venv
 
@@ -74,3 +81,12 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+comma := ,
+# Not part of `make test`: needs a container engine (see README, "Deploying").
+image:
+	$(CONTAINER) build --build-arg BASE=$(BASE) \
+	  $(if $(CA_BUNDLE),--secret id=ca-bundle$(comma)src=$(CA_BUNDLE)) -t $(IMAGE) .
+
+image-smoke: image
+	bash deploy/image-smoke.sh $(CONTAINER) $(IMAGE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -17,6 +18,14 @@ import uuid
 from pathlib import Path
 
 import pika
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def free_port() -> int:
@@ -86,9 +95,16 @@ class RabbitNode:
         return self
 
     def shutdown(self) -> None:
+        """Stop the node for good: a leaked node would hold ports and memory across runs."""
+        pid_file = self.dir / "pid"
+        pid = int(pid_file.read_text().strip()) if pid_file.exists() else None
         try:
             self.ctl("shutdown", timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            pass
         finally:
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def stop_app(self) -> None:
