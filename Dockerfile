@@ -27,16 +27,19 @@ LABEL org.opencontainers.image.title="dispatcher" \
       org.opencontainers.image.description="Delivers RabbitMQ messages as CloudEvents over HTTP" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
+# No DISPATCHER_CONFIG or DISPATCHER_LISTEN here: an image-level override would
+# silently beat the mounted config's http.listen, and a baked-in config would
+# make Knative drop-in mode (no config file + QUEUE_NAME) impossible. Mount a
+# config and point DISPATCHER_CONFIG at it, or set the Knative variables.
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    DISPATCHER_CONFIG=/etc/dispatcher/dispatcher.yaml \
-    DISPATCHER_LISTEN=0.0.0.0:9090
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 # --no-index: only the wheels built above, nothing fetched at this stage.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python -m pip install --no-cache-dir --no-index --find-links /wheels "dispatcher==${VERSION}" \
-    && mkdir -p /etc/dispatcher
-COPY config/dispatcher.yaml /etc/dispatcher/dispatcher.yaml
+    python -m pip install --no-cache-dir --no-index --find-links /wheels "dispatcher==${VERSION}"
+# An empty working directory: the default config path (config/dispatcher.yaml)
+# is relative to it and absent unless mounted.
+WORKDIR /app
 # A numeric user, so Kubernetes' runAsNonRoot can verify it without /etc/passwd.
 USER 10001:10001
 EXPOSE 9090

@@ -12,7 +12,10 @@ port=${SMOKE_PORT:-19090}
 cleanup() { "$engine" rm -f "$name" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 
+config=$(cd "$(dirname "$0")/.." && pwd)/config/dispatcher.yaml
 "$engine" run -d --name "$name" --network host \
+  -v "$config:/etc/dispatcher/dispatcher.yaml:ro" \
+  -e DISPATCHER_CONFIG=/etc/dispatcher/dispatcher.yaml \
   -e RABBITMQ_URL="${RABBITMQ_URL:-amqp://guest:guest@127.0.0.1:5672/%2F}" \
   -e DISPATCHER_LISTEN="127.0.0.1:$port" \
   "$image" >/dev/null

@@ -100,3 +100,11 @@ def test_the_wheel_the_image_installs_holds_the_package(tmp_path):
         assert f"dispatcher/{module}.py" in names
     assert "dispatcher/py.typed" in names
     assert not any(name.startswith(("tests/", "cmd/")) for name in names)
+
+
+def test_the_image_sets_no_dispatcher_overrides_and_carries_no_config():
+    """An ENV DISPATCHER_LISTEN would silently beat a mounted config's http.listen, and a
+    baked-in config would make Knative drop-in mode impossible."""
+    env_lines = " ".join(instructions("ENV"))
+    assert "DISPATCHER_" not in env_lines
+    assert not any("config" in copy for copy in instructions("COPY")[2:])
