@@ -8,7 +8,9 @@ it, a *redelivered* message whose event (source, id) is
 - settled here within ``dedupe_window`` (delivered, or accepted by a
   dead-letter target) is acked without a second request;
 - still in flight here waits for that attempt: acked if it settles, delivered
-  normally if it does not (its verdict died with its channel).
+  normally if it does not (its verdict died with its channel), and given back
+  to the broker, never sent a second time, if it is still running when the
+  wait ends.
 
 Only redeliveries consult the store: a first delivery with the same id is a
 publisher's duplicate, which stays the subscriber's to judge (and two
@@ -23,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 Key = tuple[str, str]  # (source, id)
 
@@ -56,21 +59,34 @@ class DedupeStore:
     def enabled(self) -> bool:
         return self._window > 0
 
-    def settled_before(self, key: Key, wait: float, give_up: threading.Event) -> bool:
-        """True when ``key`` was settled here, waiting (bounded) for an attempt in flight."""
-        with self._lock:
-            self._expire()
-            if key in self._settled:
-                return True
-            claim = self._in_flight.get(key)
-        if claim is None:
-            return False
+    def claim_or_wait(
+        self, key: Key, wait: float, give_up: threading.Event
+    ) -> Claim | Literal["settled", "busy"]:
+        """For a redelivery: ``"settled"`` if ``key`` was settled here (now or while
+        waiting for the attempt in flight), a new ``Claim`` if nobody holds it, or
+        ``"busy"`` if another attempt still holds it after ``wait`` or at shutdown.
+
+        Busy must never lead to a second request: the caller gives the message
+        back to the broker instead.
+        """
         deadline = self._clock() + wait
-        # Poll the shutdown flag too: a waiter must not outlive the grace period.
-        while not claim.done.wait(min(0.5, max(0.0, deadline - self._clock()))):
-            if give_up.is_set() or self._clock() >= deadline:
-                return False
-        return claim.settled
+        while True:
+            with self._lock:
+                self._expire()
+                if key in self._settled:
+                    return "settled"
+                holder = self._in_flight.get(key)
+                if holder is None:
+                    claim = Claim(key)
+                    self._in_flight[key] = claim
+                    return claim
+            # Poll the shutdown flag too: a waiter must not outlive the grace period.
+            while not holder.done.wait(min(0.5, max(0.0, deadline - self._clock()))):
+                if give_up.is_set() or self._clock() >= deadline:
+                    return "busy"
+            if holder.settled:
+                return "settled"
+            # The attempt in flight failed; loop to claim it (or find a newer holder).
 
     def claim(self, key: Key) -> Claim | None:
         """Register an attempt; ``None`` when another attempt for ``key`` is in flight."""

@@ -33,7 +33,7 @@ import structlog
 from dispatcher import events
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
-from dispatcher.dedupe import DedupeStore
+from dispatcher.dedupe import Claim, DedupeStore
 from dispatcher.delivery import Attempt, HttpTarget, Result
 from dispatcher.errors import EventError, NotACloudEvent
 from dispatcher.events import AmqpMessage, Event
@@ -101,6 +101,9 @@ class Handler:
         self._clock = clock
         d = binding.delivery
         self._requeue_backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
+        # A first attempt ends within its own deadline plus what may follow it:
+        # dead-letter sink, reply URL (each bounded like it), publishes, the requeue wait.
+        self._dedupe_wait = 3 * subscriber.deadline_seconds() + 3 * d.timeout + d.backoff_max
         self._own_dlx = (
             binding.declare is not None and binding.declare.dead_letter_exchange is not None
         )
@@ -110,11 +113,21 @@ class Handler:
         structlog.contextvars.clear_contextvars()  # pool threads are reused: no leaks
         structlog.contextvars.bind_contextvars(binding=self._binding.name)
         event, problem = self._read(delivery.message)
-        if delivery.redelivered and self._already_settled(event):
-            self._metrics.duplicates_suppressed.labels(self._binding.name).inc()
-            log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
-            return Action.ACK
-        claim = self._dedupe.claim(event.key) if self._dedupe.enabled else None
+        claim: Claim | None = None
+        if self._dedupe.enabled and delivery.redelivered:
+            found = self._dedupe.claim_or_wait(event.key, self._dedupe_wait, self._stopping)
+            if found == "settled":
+                self._metrics.duplicates_suppressed.labels(self._binding.name).inc()
+                log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
+                return Action.ACK
+            if found == "busy":
+                # The first attempt is still running: a second request would be the
+                # duplicate we exist to prevent. Give the message back instead.
+                log.info("redelivery deferred: first attempt still in flight", ce_id=event.id)
+                return Action.LEAVE if self._stopping.is_set() else self._defer()
+            claim = found
+        elif self._dedupe.enabled:
+            claim = self._dedupe.claim(event.key)  # None: a publisher's duplicate, in flight
         settled = False
         try:
             final = self._settle(event, problem, delivery.message)
@@ -137,13 +150,9 @@ class Handler:
             reason = f"internal error: {type(e).__name__}: {e}"
             return self._give_up(event, Failure(-1, reason=reason), attempts=0)
 
-    def _already_settled(self, event: Event) -> bool:
-        """A redelivery of an event this process delivered or dead-lettered (or is doing so)."""
-        if not self._dedupe.enabled:
-            return False
-        # An attempt in flight ends within its own deadline; wait no longer.
-        wait = self._subscriber.deadline_seconds() + 1.0
-        return self._dedupe.settled_before(event.key, wait, self._stopping)
+    def _defer(self) -> Action:
+        self._stopping.wait(self._requeue_backoff.wait(0))
+        return Action.LEAVE if self._stopping.is_set() else Action.REQUEUE
 
     # ----------------------------------------------------------------- steps
 

@@ -22,7 +22,16 @@ TIMEOUT                delivery.timeout             0 = none in Knative; here 0 
 DLX_NAME               dead_letter.exchange         the trigger's dead-letter exchange
 DEAD_LETTER_SINK       dead_letter.sink             (ours; Knative resolves it elsewhere)
 BROKER_INGRESS_URL     reply.url                    replies go back into the broker
+RABBITMQ_VHOST         broker.url's virtual host    replaces the URL's vhost when set
+SUBSCRIBER_CACERTS     bindings[0].tls.ca_file      PEM text (written to a private file)
+DLX                    (no effect)                  Knative acks failures on its DLQ
+                                                    dispatcher, dropping them; we never
+                                                    drop, so they are requeued after
+                                                    a backoff instead
 =====================  ===========================  ===============================
+
+Durations (BACKOFF_DELAY, TIMEOUT) are Go durations as Knative writes them
+(``50ms``, ``1m30s``, ``500µs``); the service's own forms are accepted too.
 
 The queue already exists (the Knative controller declares it, with its own
 arguments), so drop-in mode never declares it. A bad value is a
@@ -31,9 +40,12 @@ arguments), so drop-in mode never declares it. A bad value is a
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from dispatcher.config import parse_duration
 from dispatcher.errors import ConfigError
@@ -55,7 +67,20 @@ ORIGINS: Mapping[str, str] = {
     "bindings[0].dead_letter.exchange": "DLX_NAME",
     "bindings[0].dead_letter.sink": "DEAD_LETTER_SINK",
     "bindings[0].reply.url": "BROKER_INGRESS_URL",
+    "bindings[0].tls.ca_file": "SUBSCRIBER_CACERTS",
 }
+
+_GO_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def wanted(environ: Mapping[str, str], config_file_exists: bool) -> bool:
@@ -72,8 +97,8 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
     }
     delivery["backoff_max"] = _uncapped(delivery)
     timeout = environ.get("TIMEOUT")
-    if timeout and parse_duration(timeout, "TIMEOUT") > 0:
-        delivery["timeout"] = timeout
+    if timeout and duration(timeout, "TIMEOUT") > 0:
+        delivery["timeout"] = duration(timeout, "TIMEOUT")
     binding: dict[str, Any] = {
         "name": re.sub(r"[^A-Za-z0-9_.-]", "-", queue)[:64],
         "queue": queue,
@@ -86,8 +111,37 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
         },
         "reply": {"url": environ.get("BROKER_INGRESS_URL") or None},
     }
+    if environ.get("SUBSCRIBER_CACERTS"):
+        binding["tls"] = {"ca_file": _pem_file(environ["SUBSCRIBER_CACERTS"])}
     broker_url = environ.get("RABBITMQ_URL") or _required(environ, "RABBIT_URL")
+    if environ.get("RABBITMQ_VHOST"):
+        broker_url = _with_vhost(broker_url, environ["RABBITMQ_VHOST"])
     return {"broker": {"url": broker_url}, "bindings": [binding]}
+
+
+def duration(text: str, name: str) -> float:
+    """A Go duration (``1m30s``, ``500µs``, ``0``), else any form the config accepts."""
+    compact = text.strip()
+    if compact == "0":
+        return 0.0
+    parts = _GO_PART.findall(compact)
+    if parts and "".join(number + unit for number, unit in parts) == compact:
+        return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
+    return parse_duration(compact, name)
+
+
+def _with_vhost(url: str, vhost: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
+
+
+def _pem_file(pem: str) -> str:
+    """Knative passes the subscriber's CA certificates as PEM text; the TLS setting
+    takes a file. Written once per start, readable by this user only."""
+    handle, path = tempfile.mkstemp(prefix="dispatcher-subscriber-ca-", suffix=".pem")
+    with os.fdopen(handle, "w") as stream:
+        stream.write(pem)
+    return path
 
 
 def _uncapped(delivery: dict[str, Any]) -> float:
@@ -120,6 +174,6 @@ def _integer(text: str) -> int | str:
 def _backoff_delay(text: str | None) -> float:
     if not text:
         return KNATIVE_DEFAULT_BACKOFF_DELAY
-    seconds = parse_duration(text, "BACKOFF_DELAY")
+    seconds = duration(text, "BACKOFF_DELAY")
     # Knative's dispatcher: "BackoffDelay is zero, enforcing default".
     return seconds if seconds > 0 else KNATIVE_DEFAULT_BACKOFF_DELAY

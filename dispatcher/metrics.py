@@ -14,6 +14,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 OUTCOMES = ("delivered", "dead_lettered", "requeued", "rejected")
+RECONNECT_REASONS = (
+    "connection_lost",
+    "closed_by_broker",
+    "heartbeat_timeout",
+    "blocked_timeout",
+    "connect_failed",
+    "channel_closed",
+    "consumer_cancelled",
+    "error",
+)
 CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
 
 
@@ -27,7 +37,10 @@ def code_class(status: int) -> str:
 def duration_buckets(timeouts: list[float]) -> tuple[float, ...]:
     """HTTP-dispatch buckets from 1 ms up, plus every configured per-attempt timeout."""
     base = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
-    return tuple(sorted(set(base) | set(timeouts)))
+    # Attempts cut at a timeout last a hair longer than it: a finite bucket above
+    # every timeout keeps "p99 above the timeout" computable (else it lands in +Inf).
+    above = {2 * t for t in timeouts if t >= base[-1]}
+    return tuple(sorted(set(base) | set(timeouts) | above))
 
 
 class Metrics:
@@ -76,6 +89,8 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        for reason in RECONNECT_REASONS:  # zeros, so increase() sees the first one
+            self.reconnects.labels(reason)
         self.stale_acks = Counter(
             "dispatcher_stale_acks",
             "Settlements dropped because their channel generation was gone.",

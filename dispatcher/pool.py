@@ -31,17 +31,20 @@ class WorkerPool(Generic[T]):
             thread.start()
 
     def submit(self, item: T) -> None:
-        if self._stopping.is_set():
-            return  # shutting down: the message stays unacked and the broker redelivers it
+        # Under the lock stop() takes too: an item is either refused or queued
+        # ahead of the stop sentinels, never stranded behind them uncounted.
         with self._idle:
+            if self._stopping.is_set():
+                return  # shutting down: the message stays unacked and the broker redelivers it
             self._busy += 1
-        self._queue.put(item)
+            self._queue.put(item)
 
     def stop(self) -> None:
         """Start no new work; queued items are dropped (their messages stay unacked)."""
-        self._stopping.set()
-        for _ in self._threads:
-            self._queue.put(None)
+        with self._idle:
+            self._stopping.set()
+            for _ in self._threads:
+                self._queue.put(None)
 
     def wait_idle(self, timeout: float) -> bool:
         """True once nothing is queued or running; False if ``timeout`` passed first."""

@@ -32,6 +32,12 @@ from dispatcher.logs import get_logger
 log = get_logger()
 
 _IDLE_POLL = 1.0  # seconds between heartbeat services while no request is waiting
+# While blocked, a probe every few seconds: a fresh connection hears no
+# Connection.Blocked until it publishes, so only a publish can tell the alarm
+# is over. It is empty, not mandatory, and routed nowhere (the default
+# exchange has no queue of that name): the broker confirms and drops it.
+_PROBE_INTERVAL = 5.0
+_PROBE_ROUTING_KEY = "dispatcher.blocked-probe.not-a-queue"
 
 
 @dataclass(slots=True)
@@ -41,6 +47,7 @@ class _Request:
     body: bytes
     properties: pika.BasicProperties
     expires: float
+    mandatory: bool = True
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
@@ -56,7 +63,9 @@ class Publisher:
         self._suffix = name_suffix
         # A resource alarm blocks publishing connections (this one), never the
         # consuming one; blocked_connection_timeout turns a block into an error.
-        self._on_blocked = on_blocked or (lambda _blocked: None)
+        self._notify_blocked = on_blocked or (lambda _blocked: None)
+        self._blocked = False
+        self._next_probe = 0.0
         self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -110,12 +119,31 @@ class Publisher:
             try:
                 request = self._requests.get(timeout=_IDLE_POLL)
             except queue.Empty:
-                connection = self._service_heartbeats(connection)
+                if self._blocked and time.monotonic() >= self._next_probe:
+                    connection, channel = self._probe(connection, channel)
+                else:
+                    connection = self._service_heartbeats(connection)
                 continue
             if request is None:
                 break
             connection, channel = self._publish_one(request, connection, channel)
         _close_quietly(connection)
+
+    def _on_blocked(self, blocked: bool) -> None:
+        self._blocked = blocked
+        self._notify_blocked(blocked)
+
+    def _probe(self, connection: Any, channel: Any) -> tuple[Any, Any]:
+        self._next_probe = time.monotonic() + _PROBE_INTERVAL
+        probe = _Request(
+            "",
+            _PROBE_ROUTING_KEY,
+            b"",
+            pika.BasicProperties(),
+            expires=time.monotonic() + self._broker.blocked_timeout + 5.0,
+            mandatory=False,
+        )
+        return self._publish_one(probe, connection, channel)
 
     def _service_heartbeats(self, connection: Any) -> Any:
         if connection is None:
@@ -146,7 +174,7 @@ class Publisher:
                     request.routing_key,
                     request.body,
                     properties=request.properties,
-                    mandatory=True,
+                    mandatory=request.mandatory,
                 )
                 request.error = None
                 self._on_blocked(False)

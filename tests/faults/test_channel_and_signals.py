@@ -33,7 +33,7 @@ def short_timeout_node() -> Iterator[RabbitNode]:
 
 
 def test_consumer_timeout_closes_the_channel_and_nothing_is_acked_in_anothers_place(
-    short_timeout_node: RabbitNode, make_subscriber, run_service
+    short_timeout_node: RabbitNode, make_subscriber, run_service, capsys
 ):
     """Failure 2 and the tag-reuse fact: the broker closes the channel (406), the
     connection stays; after the rebuild no old tag may ack a new message."""
@@ -59,6 +59,12 @@ def test_consumer_timeout_closes_the_channel_and_nothing_is_acked_in_anothers_pl
     wait_until(svc.service.ready, 20, "a consumer again")
     wait_until(lambda: short_timeout_node.ready_messages(svc.queue) == 0, 20, "the queue to drain")
     assert short_timeout_node.unacked(svc.queue) == 0
+    # The slow delivery's verdict belonged to the closed channel: dropped and
+    # counted, never sent on the new one. Sent anyway, tag reuse would either
+    # ack another message or draw "406 unknown delivery tag" (review finding:
+    # without these two checks a cross-generation ack could pass unnoticed).
+    assert svc.value("dispatcher_stale_acks_total", binding="b") >= 1
+    assert "unknown delivery tag" not in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- SIGTERM

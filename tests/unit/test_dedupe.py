@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import threading
 
-from dispatcher.dedupe import DedupeStore
+from dispatcher.dedupe import Claim, DedupeStore
 
 KEY = ("/src", "id-1")
+NEVER = threading.Event()
 
 
 class Clock:
@@ -15,24 +16,26 @@ class Clock:
         return self.now
 
 
+def settle(store: DedupeStore, key=KEY, settled: bool = True) -> None:
+    claim = store.claim(key)
+    assert claim is not None
+    store.release(claim, settled)
+
+
 def test_settled_keys_are_remembered_for_the_window():
     clock = Clock()
     store = DedupeStore(window=10.0, clock=clock)
-    claim = store.claim(KEY)
-    assert claim is not None
-    store.release(claim, settled=True)
-    assert store.settled_before(KEY, 0, threading.Event())
+    settle(store)
+    assert store.claim_or_wait(KEY, 0, NEVER) == "settled"
     clock.now = 10.5
-    assert not store.settled_before(KEY, 0, threading.Event())
+    assert isinstance(store.claim_or_wait(KEY, 0, NEVER), Claim)  # forgotten: deliver again
     assert len(store) == 0
 
 
 def test_unsettled_attempts_are_not_remembered():
     store = DedupeStore(window=10.0)
-    claim = store.claim(KEY)
-    assert claim is not None
-    store.release(claim, settled=False)
-    assert not store.settled_before(KEY, 0, threading.Event())
+    settle(store, settled=False)
+    assert isinstance(store.claim_or_wait(KEY, 0, NEVER), Claim)
 
 
 def test_a_waiter_gets_the_verdict_of_the_attempt_in_flight():
@@ -40,34 +43,49 @@ def test_a_waiter_gets_the_verdict_of_the_attempt_in_flight():
     claim = store.claim(KEY)
     assert claim is not None
     assert store.claim(KEY) is None  # one attempt per key at a time
-    results: list[bool] = []
-    waiter = threading.Thread(
-        target=lambda: results.append(store.settled_before(KEY, 10, threading.Event()))
-    )
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(store.claim_or_wait(KEY, 10, NEVER)))
     waiter.start()
     store.release(claim, settled=True)
     waiter.join(5)
-    assert results == [True]
+    assert results == ["settled"]
 
 
-def test_waiting_is_bounded_by_time_and_by_shutdown():
+def test_a_waiter_claims_after_the_attempt_in_flight_failed():
+    store = DedupeStore(window=10.0)
+    claim = store.claim(KEY)
+    assert claim is not None
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(store.claim_or_wait(KEY, 10, NEVER)))
+    waiter.start()
+    store.release(claim, settled=False)
+    waiter.join(5)
+    assert isinstance(results[0], Claim)
+
+
+def test_a_busy_key_is_never_claimed_while_its_attempt_runs():
+    """Review finding: a waiter that timed out used to deliver a second time."""
     store = DedupeStore(window=10.0)
     assert store.claim(KEY) is not None
-    assert store.settled_before(KEY, 0.05, threading.Event()) is False
+    assert store.claim_or_wait(KEY, 0.05, NEVER) == "busy"
+    assert store.claim(KEY) is None  # and the original still holds it
+
+
+def test_shutdown_ends_the_wait_as_busy():
+    store = DedupeStore(window=10.0)
+    assert store.claim(KEY) is not None
     stopping = threading.Event()
     stopping.set()
-    assert store.settled_before(KEY, 60, stopping) is False
+    assert store.claim_or_wait(KEY, 60, stopping) == "busy"
 
 
 def test_capacity_forgets_the_oldest_first():
     store = DedupeStore(window=100.0, capacity=3)
     for i in range(5):
-        claim = store.claim(("/s", str(i)))
-        assert claim is not None
-        store.release(claim, settled=True)
+        settle(store, ("/s", str(i)))
     assert len(store) == 3
-    assert not store.settled_before(("/s", "0"), 0, threading.Event())
-    assert store.settled_before(("/s", "4"), 0, threading.Event())
+    assert isinstance(store.claim_or_wait(("/s", "0"), 0, NEVER), Claim)
+    assert store.claim_or_wait(("/s", "4"), 0, NEVER) == "settled"
 
 
 def test_window_zero_is_off():

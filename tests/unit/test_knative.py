@@ -87,3 +87,31 @@ def test_error_names_the_variable(tmp_path, monkeypatch):
 def test_backoff_is_not_capped_below_knatives_schedule(tmp_path, monkeypatch):
     [b] = load(tmp_path, monkeypatch, RETRY="6", BACKOFF_DELAY="2s").bindings
     assert b.delivery.backoff_max == 2.0 * 2**5  # the sixth retry waits 64 s in Knative
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("500µs", 0.0005),
+        ("500us", 0.0005),
+        ("1h2m3.5s", 3723.5),
+        ("250ms", 0.25),
+        ("0", 0.0),
+        ("PT2S", 2.0),
+        ("3", 3.0),
+    ],
+)
+def test_go_durations(text, seconds):
+    from dispatcher.knative import duration
+
+    assert duration(text, "BACKOFF_DELAY") == pytest.approx(seconds)
+
+
+def test_vhost_and_subscriber_ca_certificates(tmp_path, monkeypatch):
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    settings = load(tmp_path, monkeypatch, RABBITMQ_VHOST="team/a", SUBSCRIBER_CACERTS=pem)
+    assert settings.broker.url == "amqp://u:p@rabbit:5672/team%2Fa"
+    [b] = settings.bindings
+    assert b.tls.ca_file is not None
+    with open(b.tls.ca_file) as stream:
+        assert stream.read() == pem

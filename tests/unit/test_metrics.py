@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from dispatcher.metrics import RECONNECT_REASONS, Metrics, code_class, duration_buckets
+
+
+def test_code_classes():
+    assert [code_class(s) for s in (200, 302, 404, 503, -1)] == [
+        "2xx",
+        "3xx",
+        "4xx",
+        "5xx",
+        "error",
+    ]
+
+
+def test_buckets_include_each_timeout_and_a_bucket_above_the_largest():
+    buckets = duration_buckets([7.0, 300.0])
+    assert 7.0 in buckets and 300.0 in buckets
+    assert max(buckets) > 300.0  # else timed-out attempts fall into +Inf only
+
+
+def test_reconnect_reasons_start_at_zero():
+    metrics = Metrics()
+    for reason in RECONNECT_REASONS:
+        assert (
+            metrics.registry.get_sample_value("dispatcher_reconnects_total", {"reason": reason})
+            == 0.0
+        )
+
+
+def test_blocked_gauge_is_one_while_any_connection_is_blocked():
+    metrics = Metrics()
+    metrics.set_blocked("consumer", True)
+    metrics.set_blocked("publisher", True)
+    metrics.set_blocked("consumer", False)
+    assert metrics.value("dispatcher_broker_blocked") == 1
+    metrics.set_blocked("publisher", False)
+    assert metrics.value("dispatcher_broker_blocked") == 0
