@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from dispatcher.metrics import RECONNECT_REASONS
 from tests.faults.conftest import RECOVERY_TIMES
 from tests.support.broker import event_headers, publish, publish_events, wait_until
 from tests.support.node import RabbitNode
@@ -24,15 +25,7 @@ pytestmark = [pytest.mark.fault, pytest.mark.timeout(180)]
 
 
 def total_reconnects(svc, *reasons: str) -> float:
-    names = reasons or (
-        "connection_lost",
-        "closed_by_broker",
-        "heartbeat_timeout",
-        "blocked_timeout",
-        "connect_failed",
-        "channel_closed",
-        "consumer_cancelled",
-    )
+    names = reasons or RECONNECT_REASONS
     return sum(svc.value("dispatcher_reconnects_total", reason=r) for r in names)
 
 
