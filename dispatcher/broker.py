@@ -40,11 +40,14 @@ from dispatcher.events import AmqpMessage
 from dispatcher.handler import Action, Delivery
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
+from dispatcher.retry import Backoff
 
 log = get_logger()
 
 _TICK = 1.0  # the loop proves it is alive this often (for /healthz)
-_JITTER = 0.5  # reconnect waits are scaled by a random factor in [0.5, 1.5]
+# Reconnect waits are scaled by a random factor in [0.5, 1.5]: wider than the
+# retry jitter, because after a broker restart every client reconnects at once.
+_RECONNECT_JITTER = 0.5
 
 
 @dataclass(slots=True)
@@ -75,7 +78,13 @@ class Supervisor:
     ) -> None:
         self._broker = broker
         self._metrics = metrics
-        self._rng = rng
+        self._reconnect = Backoff(
+            "exponential",
+            broker.reconnect.initial_delay,
+            broker.reconnect.max_delay,
+            rng=rng,
+            jitter=_RECONNECT_JITTER,
+        )
         self._bindings: dict[str, _Binding] = {}
         self._generations = itertools.count(1)
         self._lock = threading.Lock()
@@ -160,7 +169,7 @@ class Supervisor:
                 break
             failures = 0 if self._was_open else failures + 1
             self._metrics.reconnects.labels(reason).inc()
-            delay = self._backoff(failures)
+            delay = self._reconnect.wait(failures)
             log.warning("broker disconnected", reason=reason, retry_in_s=round(delay, 3))
             self._wait_ticking(delay)
         log.info("broker supervisor stopped")
@@ -174,11 +183,6 @@ class Supervisor:
             if left <= 0:
                 return
             self._stopping.wait(min(left, _TICK))
-
-    def _backoff(self, failures: int) -> float:
-        reconnect = self._broker.reconnect
-        base = min(reconnect.initial_delay * (2.0 ** min(failures, 30)), reconnect.max_delay)
-        return float(min(base * (1.0 - _JITTER + 2.0 * _JITTER * self._rng()), reconnect.max_delay))
 
     def _serve_one_connection(self) -> str:
         self._close_reason = "connect_failed"
@@ -327,7 +331,7 @@ class Supervisor:
         if self._stopping.is_set() or connection is None or not connection.is_open:
             return  # shutdown, or the connection's own close handles the rebuild
         self._metrics.reconnects.labels(label).inc()
-        delay = self._backoff(b.failures)
+        delay = self._reconnect.wait(b.failures)
         b.failures += 1
         log.warning(
             "channel closed",

@@ -43,6 +43,7 @@ class Backoff:
     delay: float
     maximum: float
     rng: Callable[[], float] = random.random
+    jitter: float = JITTER
 
     def base(self, retry_number: int) -> float:
         """Un-jittered wait before retry ``retry_number`` (0 = the first retry)."""
@@ -54,7 +55,8 @@ class Backoff:
         return min(raw, self.maximum)
 
     def wait(self, retry_number: int, retry_after: float | None = None) -> float:
-        jittered = self.base(retry_number) * (1.0 - JITTER + 2.0 * JITTER * self.rng())
+        spread = self.jitter
+        jittered = self.base(retry_number) * (1.0 - spread + 2.0 * spread * self.rng())
         if retry_after is not None:
             # The subscriber asked for a pause: honour it, but never beyond our cap.
             jittered = max(jittered, min(retry_after, self.maximum))

@@ -59,3 +59,11 @@ def test_parse_retry_after_forms():
 @pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1.5", "1e3"])
 def test_parse_retry_after_rejects_non_ascii_digits_and_non_integers(value):
     assert parse_retry_after(value) is None
+
+
+def test_reconnect_style_wider_jitter():
+    low = Backoff("exponential", 0.2, 30.0, rng=lambda: 0.0, jitter=0.5)
+    high = Backoff("exponential", 0.2, 30.0, rng=lambda: 1.0, jitter=0.5)
+    assert low.wait(3) == pytest.approx(1.6 * 0.5)
+    assert high.wait(3) == pytest.approx(1.6 * 1.5)
+    assert high.wait(20) == pytest.approx(30.0)  # capped after jitter too
