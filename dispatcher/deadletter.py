@@ -64,31 +64,25 @@ class DeadLetterer:
         publisher: Publisher | None,
         publish_timeout: float,
     ) -> None:
-        self._settings = settings
         self._destination = destination
         self._mode = content_mode
         self._sink = sink
-        self._publisher = publisher
+        self._routing_key = settings.routing_key
+        self._exchange = (publisher, settings.exchange) if publisher and settings.exchange else None
         self._publish_timeout = publish_timeout
-
-    @property
-    def has_target(self) -> bool:
-        return self._sink is not None or (
-            self._publisher is not None and self._settings.exchange is not None
-        )
+        self.has_target = sink is not None or self._exchange is not None
 
     def send(self, event: Event, failure: Failure) -> bool:
         letter = dead_letter_event(event, self._destination, failure)
         accepted = False
         if self._sink is not None:
-            accepted |= self._to_sink(letter)
-        if self._publisher is not None and self._settings.exchange is not None:
-            accepted |= self._to_exchange(letter, self._publisher, self._settings.exchange)
+            accepted |= self._to_sink(self._sink, letter)
+        if self._exchange is not None:
+            accepted |= self._to_exchange(*self._exchange, letter)
         return accepted
 
-    def _to_sink(self, letter: Event) -> bool:
-        assert self._sink is not None
-        outcome = self._sink.send(events.to_http(letter, self._mode))
+    def _to_sink(self, sink: HttpTarget, letter: Event) -> bool:
+        outcome = sink.send(events.to_http(letter, self._mode))
         if outcome.result is Result.DELIVERED:
             return True
         log.warning(
@@ -99,17 +93,9 @@ class DeadLetterer:
         )
         return False
 
-    def _to_exchange(self, letter: Event, publisher: Publisher, exchange: str) -> bool:
-        headers, content_type = events.to_amqp_headers(letter)
+    def _to_exchange(self, publisher: Publisher, exchange: str, letter: Event) -> bool:
         try:
-            publisher.publish(
-                exchange,
-                self._settings.routing_key,
-                letter.data or b"",
-                headers,
-                content_type,
-                timeout=self._publish_timeout,
-            )
+            publisher.publish_event(exchange, self._routing_key, letter, self._publish_timeout)
         except PublishError as e:
             log.warning(
                 "dead-letter publish failed", ce_id=letter.id, exchange=exchange, error=str(e)

@@ -24,9 +24,11 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from dispatcher import events
 from dispatcher.broker_params import connection_parameters
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import PublishError
+from dispatcher.events import Event
 from dispatcher.logs import get_logger
 
 log = get_logger()
@@ -60,7 +62,8 @@ class Publisher:
         on_blocked: Callable[[bool], None] | None = None,
     ) -> None:
         self._broker = broker
-        self._suffix = name_suffix
+        # Built once: URL parsing and TLS files are not re-read on every reconnect.
+        self._params = connection_parameters(broker, name_suffix)
         # A resource alarm blocks publishing connections (this one), never the
         # consuming one; blocked_connection_timeout turns a block into an error.
         self._notify_blocked = on_blocked or (lambda _blocked: None)
@@ -71,7 +74,6 @@ class Publisher:
         self._lock = threading.Lock()
         self._closed = False
         self.connections_opened = 0  # long-lived: stays 1 while the broker stays up
-        self.connections_opened = 0  # long-lived means this stays at 1 while the broker does
 
     def publish(
         self,
@@ -93,6 +95,13 @@ class Publisher:
             raise PublishError(f"no confirm from the broker within {timeout:g}s")
         if request.error is not None:
             raise PublishError(request.error)
+
+    def publish_event(
+        self, exchange: str, routing_key: str, event: Event, timeout: float = 10.0
+    ) -> None:
+        """Publish ``event`` in the binary ``ce-`` header form this dispatcher reads."""
+        headers, content_type = events.to_amqp_headers(event)
+        self.publish(exchange, routing_key, event.data or b"", headers, content_type, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -177,7 +186,8 @@ class Publisher:
                     mandatory=request.mandatory,
                 )
                 request.error = None
-                self._on_blocked(False)
+                if self._blocked:
+                    self._on_blocked(False)
                 break
             except pika.exceptions.UnroutableError:
                 request.error = f"unroutable: exchange {request.exchange!r} routed it to no queue"
@@ -198,6 +208,7 @@ class Publisher:
                 self._on_blocked(True)
                 _close_quietly(connection)
                 connection, channel = None, None
+                break  # a new connection would be blocked just the same
             except Exception as e:  # pika's connection errors all end here
                 request.error = f"broker connection failed: {type(e).__name__}"
                 _close_quietly(connection)
@@ -206,13 +217,17 @@ class Publisher:
         return connection, channel
 
     def _connect(self) -> tuple[Any, Any]:
-        params = connection_parameters(self._broker, self._suffix)
-        connection = pika.BlockingConnection(params)
+        connection = pika.BlockingConnection(self._params)
         self.connections_opened += 1
-        connection.add_on_connection_blocked_callback(lambda *_: self._on_blocked(True))
-        connection.add_on_connection_unblocked_callback(lambda *_: self._on_blocked(False))
+        try:
+            connection.add_on_connection_blocked_callback(lambda *_: self._on_blocked(True))
+            connection.add_on_connection_unblocked_callback(lambda *_: self._on_blocked(False))
+            channel = self._open_channel(connection)
+        except Exception:
+            _close_quietly(connection)  # never leave a half-set-up connection behind
+            raise
         log.info("publisher connected")
-        return connection, self._open_channel(connection)
+        return connection, channel
 
     @staticmethod
     def _open_channel(connection: Any) -> Any:

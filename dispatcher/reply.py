@@ -21,37 +21,24 @@ class Replier:
         publisher: Publisher | None,
         publish_timeout: float,
     ) -> None:
-        self._settings = settings
         self._mode = content_mode
         self._target = target
-        self._publisher = publisher
+        self._routing_key = settings.routing_key
+        self._exchange = (publisher, settings.exchange) if publisher and settings.exchange else None
         self._publish_timeout = publish_timeout
-
-    @property
-    def enabled(self) -> bool:
-        return self._target is not None or (
-            self._publisher is not None and self._settings.exchange is not None
-        )
+        self.enabled = target is not None or self._exchange is not None
 
     def send(self, reply: Event) -> str | None:
-        """Forward the reply; ``None`` when accepted, else why not."""
+        """Forward the reply; ``None`` when accepted (or nowhere to go), else why not."""
         if self._target is not None:
             outcome = self._target.send(events.to_http(reply, self._mode))
             if outcome.result is Result.DELIVERED:
                 return None
             return f"reply URL answered {outcome.last.status} ({outcome.last.error or 'HTTP'})"
-        if self._publisher is not None and self._settings.exchange is not None:
-            headers, content_type = events.to_amqp_headers(reply)
+        if self._exchange is not None:
+            publisher, exchange = self._exchange
             try:
-                self._publisher.publish(
-                    self._settings.exchange,
-                    self._settings.routing_key,
-                    reply.data or b"",
-                    headers,
-                    content_type,
-                    timeout=self._publish_timeout,
-                )
+                publisher.publish_event(exchange, self._routing_key, reply, self._publish_timeout)
             except PublishError as e:
                 return f"reply publish failed: {e}"
-            return None
         return None
