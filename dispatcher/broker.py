@@ -77,6 +77,8 @@ class Supervisor:
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._broker = broker
+        # Built once (URL, TLS files): raises here, at start, for a bad CA or key.
+        self._params = connection_parameters(broker, "consumer")
         self._metrics = metrics
         self._reconnect = Backoff(
             "exponential",
@@ -188,7 +190,7 @@ class Supervisor:
         self._close_reason = "connect_failed"
         self._was_open = False
         connection = SelectConnection(
-            connection_parameters(self._broker, "consumer"),
+            self._params,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_close,

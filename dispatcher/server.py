@@ -47,6 +47,7 @@ class OpsServer:
         self._clock = clock
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
+        self._started = False
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.2},
@@ -60,10 +61,13 @@ class OpsServer:
 
     def start(self) -> None:
         self._thread.start()
+        self._started = True
         log.info("listening", port=self.port, paths=["/metrics", "/healthz", "/readyz"])
 
     def close(self) -> None:
-        self._server.shutdown()
+        # shutdown() waits for serve_forever to return: never call it if it never ran.
+        if self._started:
+            self._server.shutdown()
         self._server.server_close()
 
     # ----------------------------------------------------------------- answers

@@ -14,7 +14,7 @@ import time
 from functools import partial
 
 from dispatcher.broker import Supervisor
-from dispatcher.broker_params import connection_parameters, virtual_host
+from dispatcher.broker_params import virtual_host
 from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import DedupeStore
@@ -36,19 +36,27 @@ CLOSE_BOUND = 3.0
 
 
 class Service:
+    """Everything that can fail on bad settings is built before anything that holds a
+    socket or a thread, so a ``ConfigError`` from the constructor leaves nothing behind."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics([b.delivery.timeout for b in settings.bindings])
         # Set once grace is over: retry and requeue waits end, leaving messages unacked.
         self._give_up = threading.Event()
         self._stop_requested = threading.Event()
-        self.supervisor = Supervisor(settings.broker, self.metrics)
-        self.publisher = (
-            Publisher(settings.broker, on_blocked=partial(self.metrics.set_blocked, "publisher"))
-            if _needs_publisher(settings)
-            else None
-        )
-        self._clients: list[ThreadClients] = []
+        try:
+            self.supervisor = Supervisor(settings.broker, self.metrics)
+            self.publisher = (
+                Publisher(
+                    settings.broker, on_blocked=partial(self.metrics.set_blocked, "publisher")
+                )
+                if _needs_publisher(settings)
+                else None
+            )
+        except (OSError, ssl.SSLError, ValueError) as e:
+            raise ConfigError("broker.tls", f"cannot load: {e}") from e
+        self._clients = [_clients(index, b) for index, b in enumerate(settings.bindings)]
         try:
             self.ops = OpsServer(
                 settings.http.host,
@@ -61,19 +69,13 @@ class Service:
         except OSError as e:
             raise ConfigError("http.listen", f"cannot listen on {settings.http.listen}: {e}") from e
         self._pools: list[WorkerPool[Delivery]] = []
-        _check_broker_tls(settings)
         vhost = virtual_host(settings.broker)
-        for index, binding in enumerate(settings.bindings):
-            self._add_binding(index, binding, vhost)
+        for binding, clients in zip(settings.bindings, self._clients, strict=True):
+            self._add_binding(binding, clients, vhost)
 
-    def _add_binding(self, index: int, binding: BindingSettings, vhost: str) -> None:
+    def _add_binding(self, binding: BindingSettings, client: ThreadClients, vhost: str) -> None:
         workers = 1 if binding.ordered else binding.parallelism
         self.metrics.delivery_timeout.labels(binding.name).set(binding.delivery.timeout)
-        try:
-            client = ThreadClients(binding.tls)
-        except (OSError, ssl.SSLError) as e:
-            raise ConfigError(f"bindings[{index}].tls", f"cannot load: {e}") from e
-        self._clients.append(client)
         publish_timeout = binding.delivery.timeout
         subscriber = HttpTarget(
             client,
@@ -179,13 +181,12 @@ class Service:
         self.shutdown()
 
 
-def _check_broker_tls(settings: Settings) -> None:
-    """Load the broker's CA and client certificate now: a bad file is a config error at
-    start, not a connect failure retried forever."""
+def _clients(index: int, binding: BindingSettings) -> ThreadClients:
+    """The binding's HTTP clients; its TLS files are loaded now, a bad one is a config error."""
     try:
-        connection_parameters(settings.broker, "check")
-    except (OSError, ssl.SSLError, ValueError) as e:
-        raise ConfigError("broker.tls", f"cannot load: {e}") from e
+        return ThreadClients(binding.tls)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"bindings[{index}].tls", f"cannot load: {e}") from e
 
 
 def _needs_publisher(settings: Settings) -> bool:

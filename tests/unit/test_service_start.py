@@ -1,0 +1,46 @@
+"""Building a Service from bad settings fails cleanly and leaves nothing bound or running."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from dispatcher.config import settings_from_dict
+from dispatcher.errors import ConfigError
+from dispatcher.server import OpsServer
+from dispatcher.service import Service
+from tests.support.node import free_port
+
+
+def test_a_bad_tls_file_is_a_config_error_before_any_socket_or_thread(tmp_path):
+    bad = tmp_path / "not-a-certificate.pem"
+    bad.write_text("garbage\n")
+    port = free_port()
+    raw = {
+        "http": {"listen": f"127.0.0.1:{port}"},
+        "bindings": [
+            {"name": "good", "queue": "q1", "subscriber": "http://127.0.0.1:1/"},
+            {
+                "name": "bad",
+                "queue": "q2",
+                "subscriber": "https://127.0.0.1:1/",
+                "tls": {"ca_file": str(bad)},
+            },
+        ],
+    }
+    threads = threading.active_count()
+    with pytest.raises(ConfigError) as caught:
+        Service(settings_from_dict(raw, {}))
+    assert caught.value.key == "bindings[1].tls"
+    assert threading.active_count() == threads  # no worker pool was started
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the metrics port was never taken
+
+
+@pytest.mark.timeout(10)
+def test_closing_a_listener_that_never_started_returns():
+    server = OpsServer("127.0.0.1", 0, CollectorRegistry(), lambda: 0.0, dict, lambda: False)
+    server.close()  # socketserver.shutdown() would wait forever for serve_forever
