@@ -311,7 +311,7 @@ class Supervisor:
             headers=props.headers or {},
             content_type=props.content_type,
             message_id=props.message_id,
-            properties=_identity_properties(props),
+            properties=props,
         )
         b.dispatch(Delivery(generation, method.delivery_tag, bool(method.redelivered), message))
 
@@ -399,23 +399,6 @@ class Supervisor:
 def _close_channel(channel: Any) -> None:
     with contextlib.suppress(pika.exceptions.AMQPError):
         channel.close()
-
-
-def _identity_properties(props: Any) -> dict[str, Any]:
-    """Properties that identify a message across redeliveries (for wrapped ids)."""
-    return {
-        name: value
-        for name in (
-            "content_encoding",
-            "correlation_id",
-            "reply_to",
-            "timestamp",
-            "type",
-            "app_id",
-            "user_id",
-        )
-        if (value := getattr(props, name, None)) is not None
-    }
 
 
 def _close_reason(error: Exception, current: str) -> str:

@@ -134,6 +134,7 @@ class HttpTarget:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
+        self._url = httpcore.URL(url)  # parsed once, not on every attempt
         self._clients = clients
         self._delivery = delivery
         self._stopping = stopping
@@ -182,7 +183,7 @@ class HttpTarget:
         try:
             with self._clients.get().stream(
                 "POST",
-                self.url,
+                self._url,
                 headers=headers,
                 content=request.body,
                 extensions={"timeout": timeouts},

@@ -60,6 +60,16 @@ _VOLATILE_HEADERS: Final = frozenset(
         "x-last-death-reason",
     }
 )
+# Basic properties that identify a message across redeliveries (the wrapped id).
+_IDENTITY_PROPERTIES: Final = (
+    "content_encoding",
+    "correlation_id",
+    "reply_to",
+    "timestamp",
+    "type",
+    "app_id",
+    "user_id",
+)
 # The CloudEvents HTTP binding (3.1.3.2): printable ASCII except space, '"' and '%'.
 _HTTP_SAFE: Final = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
@@ -105,7 +115,10 @@ class AmqpMessage:
     headers: Mapping[str, Any]
     content_type: str | None = None
     message_id: str | None = None
-    properties: Mapping[str, Any] | None = None  # the rest, for the wrapped id digest
+    # The remaining basic properties (pika's BasicProperties, or any object with
+    # those attributes), read only to digest a wrapped message's id: kept as
+    # received rather than copied for every message.
+    properties: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,10 +355,15 @@ def stable_digest(message: AmqpMessage, queue: str) -> str:
     headers = {
         k: v for k, v in (message.headers or {}).items() if k.lower() not in _VOLATILE_HEADERS
     }
+    properties = {
+        name: value
+        for name in _IDENTITY_PROPERTIES
+        if (value := getattr(message.properties, name, None)) is not None
+    }
     identity = {
         "queue": queue,
         "content_type": message.content_type,
-        "properties": dict(message.properties or {}),
+        "properties": properties,
         "headers": headers,
     }
     digest = hashlib.sha256()

@@ -6,6 +6,7 @@ import base64
 import datetime as dt
 import decimal
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -157,14 +158,14 @@ def test_bad_structured_messages(body, content_type, reason):
 
 
 def test_wrapped_id_is_stable_across_redeliveries_and_distinct_per_body():
-    first = AmqpMessage(b"body", {"k": "v"}, "text/plain", properties={"app_id": "a"})
+    first = AmqpMessage(b"body", {"k": "v"}, "text/plain", properties=SimpleNamespace(app_id="a"))
     redelivered = AmqpMessage(
         b"body",
         {"k": "v", "x-delivery-count": 2, "x-death": [{}]},
         "text/plain",
-        properties={"app_id": "a"},
+        properties=SimpleNamespace(app_id="a"),
     )
-    other = AmqpMessage(b"other", {"k": "v"}, "text/plain", properties={"app_id": "a"})
+    other = AmqpMessage(b"other", {"k": "v"}, "text/plain", properties=SimpleNamespace(app_id="a"))
     a, b, c = (events.wrap(m, "/", "orders") for m in (first, redelivered, other))
     assert a.id == b.id != c.id
     assert a.source == "rabbitmq://%2F/orders"
@@ -295,3 +296,13 @@ def test_reply_detection():
     assert events.is_http_cloudevent({"Ce-Specversion": "1.0"})
     assert events.is_http_cloudevent({"Content-Type": "application/cloudevents+json"})
     assert not events.is_http_cloudevent({"content-type": "text/html"})
+
+
+def test_wrapped_id_depends_on_identity_properties_only():
+    props = SimpleNamespace(app_id="a", priority=5)
+    same = SimpleNamespace(app_id="a", priority=9)  # priority is not identity
+    other = SimpleNamespace(app_id="b", priority=5)
+    a, b, c = (
+        events.wrap(AmqpMessage(b"x", {}, properties=p), "/", "q").id for p in (props, same, other)
+    )
+    assert a == b != c
