@@ -722,16 +722,27 @@ def _url(value: object, key: str, schemes: tuple[str, ...], what: str) -> str:
 _DURATION_HELP: Final = "(use 250ms, 1.5s, 2m, PT0.25S or seconds)"
 _NUMBER: Final = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 _BARE_SECONDS: Final = re.compile(_NUMBER)
-# Go-style, so "1m30s" works as it does in Kubernetes manifests.
-_UNIT_PART: Final = re.compile(rf"({_NUMBER})(ms|s|m|h)")
-_UNIT_DURATION: Final = re.compile(rf"(?:{_NUMBER}(?:ms|s|m|h))+")
+# Go-style, so "1m30s" works as it does in Kubernetes manifests, and "500µs"
+# as Knative writes its BACKOFF_DELAY (Go's time.Duration.String()).
+_GO_UNITS: Final = r"ns|us|µs|μs|ms|s|m|h"
+_UNIT_PART: Final = re.compile(rf"({_NUMBER})({_GO_UNITS})")
+_UNIT_DURATION: Final = re.compile(rf"(?:{_NUMBER}(?:{_GO_UNITS}))+")
 _ISO_NUMBER: Final = r"[0-9]+(?:[.,][0-9]+)?"
 _ISO_DURATION: Final = re.compile(
     rf"P(?:(?P<W>{_ISO_NUMBER})W)?(?:(?P<D>{_ISO_NUMBER})D)?"
     rf"(?:T(?:(?P<H>{_ISO_NUMBER})H)?(?:(?P<M>{_ISO_NUMBER})M)?(?:(?P<S>{_ISO_NUMBER})S)?)?"
 )
 _ISO_CALENDAR: Final = re.compile(r"P[^T]*[YM]")
-_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_SECONDS: Final = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 _ISO_SECONDS: Final = {"W": 604800.0, "D": 86400.0, "H": 3600.0, "M": 60.0, "S": 1.0}
 
 

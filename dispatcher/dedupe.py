@@ -77,9 +77,7 @@ class DedupeStore:
                     return "settled"
                 holder = self._in_flight.get(key)
                 if holder is None:
-                    claim = Claim(key)
-                    self._in_flight[key] = claim
-                    return claim
+                    return self._new_claim(key)
             # Poll the shutdown flag too: a waiter must not outlive the grace period.
             while not holder.done.wait(min(0.5, max(0.0, deadline - self._clock()))):
                 if give_up.is_set() or self._clock() >= deadline:
@@ -91,11 +89,12 @@ class DedupeStore:
     def claim(self, key: Key) -> Claim | None:
         """Register an attempt; ``None`` when another attempt for ``key`` is in flight."""
         with self._lock:
-            if key in self._in_flight:
-                return None
-            claim = Claim(key)
-            self._in_flight[key] = claim
-            return claim
+            return None if key in self._in_flight else self._new_claim(key)
+
+    def _new_claim(self, key: Key) -> Claim:  # with the lock held
+        claim = Claim(key)
+        self._in_flight[key] = claim
+        return claim
 
     def release(self, claim: Claim, settled: bool) -> None:
         with self._lock:

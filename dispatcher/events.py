@@ -296,8 +296,7 @@ def validated(attributes: dict[str, str], data: bytes | None) -> Event:
     if missing:
         raise EventError(f"missing required attribute(s): {', '.join(missing)}")
     content_type = attributes.get("datacontenttype")
-    if content_type is not None and not (content_type.isascii() and content_type.isprintable()):
-        # It becomes the HTTP Content-Type header, which is ASCII.
+    if content_type is not None and not _header_safe_media_type(content_type):
         raise EventError(f"datacontenttype {content_type!r} is not a printable ASCII media type")
     typed: dict[str, Any] = dict(attributes)
     if "time" in typed:
@@ -327,6 +326,11 @@ def _sdk_reason(error: BaseCloudEventException) -> str:
     return str(error)
 
 
+def _header_safe_media_type(content_type: str) -> bool:
+    # datacontenttype becomes the HTTP Content-Type header, which is ASCII.
+    return content_type.isascii() and content_type.isprintable()
+
+
 def _is_json(content_type: str | None) -> bool:
     if content_type is None:
         return True  # the JSON event format's default
@@ -345,9 +349,8 @@ def wrap(message: AmqpMessage, vhost: str, queue: str) -> Event:
         "source": f"rabbitmq://{quote(vhost, safe='')}/{quote(queue, safe='')}",
         "type": WRAPPED_TYPE,
     }
-    content_type = message.content_type
-    if content_type and content_type.isascii() and content_type.isprintable():
-        attributes["datacontenttype"] = content_type
+    if message.content_type and _header_safe_media_type(message.content_type):
+        attributes["datacontenttype"] = message.content_type
     return Event(attributes, message.body)
 
 

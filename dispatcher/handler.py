@@ -124,7 +124,7 @@ class Handler:
                 # The first attempt is still running: a second request would be the
                 # duplicate we exist to prevent. Give the message back instead.
                 log.info("redelivery deferred: first attempt still in flight", ce_id=event.id)
-                return Action.LEAVE if self._stopping.is_set() else self._defer()
+                return Action.REQUEUE if self._backed_off(0) else Action.LEAVE
             claim = found
         elif self._dedupe.enabled:
             claim = self._dedupe.claim(event.key)  # None: a publisher's duplicate, in flight
@@ -150,9 +150,10 @@ class Handler:
             reason = f"internal error: {type(e).__name__}: {e}"
             return self._give_up(event, Failure(-1, reason=reason), attempts=0)
 
-    def _defer(self) -> Action:
-        self._stopping.wait(self._requeue_backoff.wait(0))
-        return Action.LEAVE if self._stopping.is_set() else Action.REQUEUE
+    def _backed_off(self, retry_number: int) -> bool:
+        """Wait before giving a message back (at once it would come straight back);
+        False when shutdown cut the wait: then it is left, not requeued."""
+        return not self._stopping.wait(self._requeue_backoff.wait(retry_number))
 
     # ----------------------------------------------------------------- steps
 
@@ -234,9 +235,7 @@ class Handler:
             return _Final(Action.LEAVE, None, attempts, status, reason)
         if self._own_dlx:
             return _Final(Action.REJECT, "rejected", attempts, status, reason)
-        # Requeueing at once would hand the same failing message straight back.
-        wait = self._requeue_backoff.wait(self._binding.delivery.retry)
-        if self._stopping.wait(wait):
+        if not self._backed_off(self._binding.delivery.retry):
             return _Final(Action.LEAVE, None, attempts, status, reason)
         return _Final(Action.REQUEUE, "requeued", attempts, status, reason)
 

@@ -31,7 +31,7 @@ DLX                    (no effect)                  Knative acks failures on its
 =====================  ===========================  ===============================
 
 Durations (BACKOFF_DELAY, TIMEOUT) are Go durations as Knative writes them
-(``50ms``, ``1m30s``, ``500µs``); the service's own forms are accepted too.
+(``50ms``, ``1m30s``, ``500µs``), which ``config.parse_duration`` reads.
 
 The queue already exists (the Knative controller declares it, with its own
 arguments), so drop-in mode never declares it. A bad value is a
@@ -70,18 +70,6 @@ ORIGINS: Mapping[str, str] = {
     "bindings[0].tls.ca_file": "SUBSCRIBER_CACERTS",
 }
 
-_GO_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
 
 def wanted(environ: Mapping[str, str], config_file_exists: bool) -> bool:
     return not config_file_exists and bool(environ.get("QUEUE_NAME"))
@@ -96,9 +84,9 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
         "backoff_delay": _backoff_delay(environ.get("BACKOFF_DELAY")),
     }
     delivery["backoff_max"] = _uncapped(delivery)
-    timeout = environ.get("TIMEOUT")
-    if timeout and duration(timeout, "TIMEOUT") > 0:
-        delivery["timeout"] = duration(timeout, "TIMEOUT")
+    timeout = parse_duration(environ.get("TIMEOUT") or "0", "TIMEOUT")
+    if timeout > 0:  # Knative's 0 means "none"; every attempt here keeps a bound
+        delivery["timeout"] = timeout
     binding: dict[str, Any] = {
         "name": re.sub(r"[^A-Za-z0-9_.-]", "-", queue)[:64],
         "queue": queue,
@@ -117,17 +105,6 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
     if environ.get("RABBITMQ_VHOST"):
         broker_url = _with_vhost(broker_url, environ["RABBITMQ_VHOST"])
     return {"broker": {"url": broker_url}, "bindings": [binding]}
-
-
-def duration(text: str, name: str) -> float:
-    """A Go duration (``1m30s``, ``500µs``, ``0``), else any form the config accepts."""
-    compact = text.strip()
-    if compact == "0":
-        return 0.0
-    parts = _GO_PART.findall(compact)
-    if parts and "".join(number + unit for number, unit in parts) == compact:
-        return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
-    return parse_duration(compact, name)
 
 
 def _with_vhost(url: str, vhost: str) -> str:
@@ -174,6 +151,6 @@ def _integer(text: str) -> int | str:
 def _backoff_delay(text: str | None) -> float:
     if not text:
         return KNATIVE_DEFAULT_BACKOFF_DELAY
-    seconds = duration(text, "BACKOFF_DELAY")
+    seconds = parse_duration(text, "BACKOFF_DELAY")
     # Knative's dispatcher: "BackoffDelay is zero, enforcing default".
     return seconds if seconds > 0 else KNATIVE_DEFAULT_BACKOFF_DELAY

@@ -99,12 +99,14 @@ def test_backoff_is_not_capped_below_knatives_schedule(tmp_path, monkeypatch):
         ("0", 0.0),
         ("PT2S", 2.0),
         ("3", 3.0),
+        ("1500ns", 1.5e-6),
+        ("2μs", 2e-6),
     ],
 )
 def test_go_durations(text, seconds):
-    from dispatcher.knative import duration
+    from dispatcher.config import parse_duration
 
-    assert duration(text, "BACKOFF_DELAY") == pytest.approx(seconds)
+    assert parse_duration(text, "BACKOFF_DELAY") == pytest.approx(seconds)
 
 
 def test_vhost_and_subscriber_ca_certificates(tmp_path, monkeypatch):
