@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.support.broker import event_headers, publish, queue_depth, wait_until
+from tests.support.broker import event_headers, publish, publish_events, queue_depth, wait_until
 from tests.support.subscriber import Reply
 
 pytestmark = pytest.mark.broker
@@ -61,3 +61,20 @@ def test_ack_for_a_dead_channel_is_dropped_not_sent_on_the_new_one(make_subscrib
     assert supervisor._bindings["b"].channel.is_open
     assert queue_depth(svc.queue) == 0
     assert unacked(svc.queue) == 0
+
+
+def test_each_delivery_is_settled_once_and_never_with_multiple(make_subscriber, run_service):
+    """Invariant 3. Deliveries finish out of order here, so a `multiple` ack (or a
+    second ack) would settle tags still in flight, and their own acks would then
+    draw 406 'unknown delivery tag', closing the channel."""
+    sub = make_subscriber(lambda _r, i: Reply(200, delay=0.3 if i % 2 == 0 else 0.02))
+    svc = run_service(sub.url, parallelism=4)
+    first_generation = svc.service.supervisor._bindings["b"].generation
+    ids = [f"m-{i:02d}" for i in range(16)]
+    publish_events(svc.queue, ids)
+    svc.wait_events("delivered", 16)
+    wait_until(lambda: queue_depth(svc.queue) == 0, message="the queue to drain")
+    assert unacked(svc.queue) == 0
+    assert sorted(sub.ids()) == ids
+    assert svc.value("dispatcher_reconnects_total", reason="channel_closed") == 0
+    assert svc.service.supervisor._bindings["b"].generation == first_generation
