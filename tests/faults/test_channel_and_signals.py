@@ -88,59 +88,56 @@ def sigterm_config(node: RabbitNode, subscriber_url: str, queue: str, grace: str
 
 
 @pytest.fixture
-def process(live_node: RabbitNode, tmp_path: Path) -> Iterator:
+def holding(live_node: RabbitNode, make_subscriber, tmp_path: Path) -> Iterator:
+    """A `dispatcher run` process whose hung subscriber holds one message in flight."""
     made: list[DispatcherProcess] = []
 
-    def make(subscriber_url: str, grace: str = "2s") -> DispatcherProcess:
+    def make(grace: str) -> tuple[DispatcherProcess, str]:
+        sub = make_subscriber(lambda _r, _i: Reply(hang=True))
         queue = unique("sig")
-        p = DispatcherProcess(sigterm_config(live_node, subscriber_url, queue, grace), tmp_path)
-        p.queue = queue  # type: ignore[attr-defined]
-        made.append(p)
-        return p
+        proc = DispatcherProcess(sigterm_config(live_node, sub.url, queue, grace), tmp_path)
+        made.append(proc)
+        proc.wait_for("consumer attached")
+        publish(queue, headers=event_headers("held-1"), url=live_node.url)
+        sub.wait_for(1)
+        return proc, queue
 
     yield make
-    for p in made:
-        p.kill()
+    for proc in made:
+        proc.kill()
 
 
-def test_sigterm_with_a_hung_subscriber(live_node: RabbitNode, make_subscriber, process):
-    sub = make_subscriber(lambda _r, _i: Reply(hang=True))
-    proc = process(sub.url, grace="2s")
-    proc.wait_for("consumer attached")
-    publish(proc.queue, headers=event_headers("hang-1"), url=live_node.url)
-    sub.wait_for(1)
+def still_queued(node: RabbitNode, queue: str) -> None:
+    """Not acked and not dead-lettered: the broker has the message back."""
+    wait_until(lambda: node.ready_messages(queue) == 1, 10, "the message back in the queue")
+
+
+def test_sigterm_with_a_hung_subscriber(live_node: RabbitNode, holding):
+    proc, queue = holding("2s")
     started = time.monotonic()
     proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(timeout=20) == 0
     assert time.monotonic() - started < 2 + 7  # grace + the close bounds
-    wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")
+    still_queued(live_node, queue)
 
 
-def test_sigterm_with_the_broker_down(live_node: RabbitNode, make_subscriber, process):
-    sub = make_subscriber(lambda _r, _i: Reply(hang=True))
-    proc = process(sub.url, grace="2s")
-    proc.wait_for("consumer attached")
-    publish(proc.queue, headers=event_headers("down-1"), url=live_node.url)
-    sub.wait_for(1)
+def test_sigterm_with_the_broker_down(live_node: RabbitNode, holding):
+    proc, queue = holding("2s")
     live_node.stop_app()
     started = time.monotonic()
     proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(timeout=20) == 0
     assert time.monotonic() - started < 2 + 7
     live_node.start_app()
-    wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")
+    still_queued(live_node, queue)
 
 
-def test_a_second_signal_exits_at_once(live_node: RabbitNode, make_subscriber, process):
-    sub = make_subscriber(lambda _r, _i: Reply(hang=True))
-    proc = process(sub.url, grace="60s")
-    proc.wait_for("consumer attached")
-    publish(proc.queue, headers=event_headers("twice-1"), url=live_node.url)
-    sub.wait_for(1)
+def test_a_second_signal_exits_at_once(live_node: RabbitNode, holding):
+    proc, queue = holding("60s")
     proc.popen.send_signal(signal.SIGINT)
     proc.wait_for("shutdown started")
     started = time.monotonic()
     proc.popen.send_signal(signal.SIGINT)
     assert proc.popen.wait(timeout=10) == 1
     assert time.monotonic() - started < 2
-    wait_until(lambda: live_node.ready_messages(proc.queue) == 1, 10, "the message in the queue")
+    still_queued(live_node, queue)
