@@ -16,7 +16,7 @@ CONNECT_TIMEOUT = 10.0
 
 def connection_parameters(broker: BrokerSettings, role: str) -> pika.URLParameters:
     params = pika.URLParameters(broker.url)
-    params.heartbeat = round(broker.heartbeat)  # 0 disables heartbeats, as in RabbitMQ
+    params.heartbeat = round(broker.heartbeat)  # validated: 1 s to the AMQP limit
     params.blocked_connection_timeout = broker.blocked_timeout
     params.connection_attempts = 1
     params.socket_timeout = CONNECT_TIMEOUT

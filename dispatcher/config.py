@@ -686,10 +686,11 @@ def _amqp_url(value: object, key: str) -> str:
 
 def _heartbeat(value: object, key: str) -> float:
     seconds = parse_duration(value, key)
-    if seconds == 0:
-        return 0.0  # heartbeats off, as in RabbitMQ
     if seconds < 1:
-        raise ConfigError(key, "must be 0 (off) or at least 1s")
+        # 0 would turn heartbeats off (as RabbitMQ allows): then a silently dropped
+        # connection is never noticed, consumption stops for good and a publish
+        # waits for its confirm forever (FIELD-NOTES failure 3). Not offered.
+        raise ConfigError(key, "must be at least 1s (heartbeats detect silent connections)")
     if seconds > 65535:
         raise ConfigError(key, "must be at most 65535s (the AMQP limit)")
     return seconds

@@ -17,11 +17,12 @@ def test_parameters_from_settings():
     assert params.ssl_options is None
 
 
-def test_heartbeat_zero_disables_and_amqps_gets_tls():
+def test_amqps_gets_tls_and_the_heartbeat_beats_a_url_query():
     params = connection_parameters(
-        BrokerSettings(url="amqps://u:p@broker.example:5671/%2F", heartbeat=0.0), "publisher"
+        BrokerSettings(url="amqps://u:p@broker.example:5671/%2F?heartbeat=0", heartbeat=7.0),
+        "publisher",
     )
-    assert params.heartbeat == 0
+    assert params.heartbeat == 7
     assert params.ssl_options is not None
     assert params.ssl_options.server_hostname == "broker.example"
 

@@ -911,3 +911,17 @@ def test_password_redacted_in_yaml_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(path, {})
     assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("0s", "must be at least 1s"),
+        (0, "must be at least 1s"),
+        ("400ms", "must be at least 1s"),
+        ("70000s", "must be at most 65535s"),
+    ],
+)
+def test_heartbeat_bounds(value, problem):
+    assert error_of(broker={"heartbeat": value}).startswith("broker.heartbeat: " + problem)
+    assert build(broker={"heartbeat": "1s"}).broker.heartbeat == 1.0
