@@ -7,8 +7,10 @@ where they enter the package, and nowhere else::
     ├── ConfigError            bad configuration; names the key; exit code 2
     ├── EventError             a message that cannot become a valid CloudEvent
     │   └── NotACloudEvent     no specversion at all (wrap it or dead-letter it)
-    ├── PublishError           a publish was not confirmed (nack, unroutable, timeout, closed)
-    └── BrokerError            the broker connection or a channel went away
+    └── PublishError           a publish was not confirmed (nack, unroutable, timeout, closed)
+
+Losing the consuming connection or a channel is not an exception anywhere: the
+supervisor turns pika's close notifications into reconnect reasons.
 """
 
 from __future__ import annotations
@@ -41,7 +43,3 @@ class NotACloudEvent(EventError):
 
 class PublishError(DispatcherError):
     """A message was not accepted by the broker (nacked, unroutable, timed out, connection lost)."""
-
-
-class BrokerError(DispatcherError):
-    """The broker connection or a channel is unusable."""

@@ -58,12 +58,11 @@ class Publisher:
     def __init__(
         self,
         broker: BrokerSettings,
-        name_suffix: str = "publisher",
         on_blocked: Callable[[bool], None] | None = None,
     ) -> None:
         self._broker = broker
         # Built once: URL parsing and TLS files are not re-read on every reconnect.
-        self._params = connection_parameters(broker, name_suffix)
+        self._params = connection_parameters(broker, "publisher")
         # A resource alarm blocks publishing connections (this one), never the
         # consuming one; blocked_connection_timeout turns a block into an error.
         self._notify_blocked = on_blocked or (lambda _blocked: None)
