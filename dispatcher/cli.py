@@ -1,21 +1,27 @@
-"""Command line: ``dispatcher run`` and ``dispatcher check``.
+"""Command line: ``dispatcher run``, ``check``, ``archive``, ``report`` and ``replay``.
 
 Exit codes are the contract's: 0 clean stop or valid config, 2 bad config or
-usage, 1 crash. A config error is one line on stderr naming the key; no
+usage, 1 crash (for the batch commands: a run that could not finish its work).
+The batch commands live in ``dispatcher.pipeline``; this module only parses
+their arguments. A config error is one line on stderr naming the key; no
 traceback. Signal handlers only set flags; a second signal exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
+
+from dateutil.parser import isoparse
 
 from dispatcher import __version__
-from dispatcher.config import Settings, load_settings, render_effective_config
+from dispatcher.config import Settings, load_settings, parse_duration, render_effective_config
 from dispatcher.errors import ConfigError
 
 EXIT_OK = 0
@@ -39,16 +45,126 @@ def _parser() -> argparse.ArgumentParser:
         ("check", "validate the config and print the effective config, secrets redacted"),
     ):
         command = commands.add_parser(name, help=text, description=text)
-        command.add_argument(
-            "--config",
-            metavar="PATH",
-            help="config file (default: $DISPATCHER_CONFIG, else config/dispatcher.yaml)",
-        )
+        _config_option(command)
+    _batch_commands(commands)
     return parser
+
+
+def _config_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--config",
+        metavar="PATH",
+        help="config file (default: $DISPATCHER_CONFIG, else config/dispatcher.yaml)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        value = parse_duration(text, "duration")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(e.problem) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _instant(text: str) -> dt.datetime:
+    try:
+        value = isoparse(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 date or timestamp: {text!r} (e.g. 2026-11-20T00:00:00Z)"
+        ) from None
+    # A bare date or a time without an offset is read as UTC, like the archive's folders.
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _batch_commands(commands: Any) -> None:
+    archive = commands.add_parser(
+        "archive",
+        help="drain a queue into date-partitioned JSON-lines files of CloudEvents",
+        description="Drain a queue (a dead-letter queue, typically) into OUT/date=YYYY-MM-DD/"
+        "*.jsonl, one structured CloudEvent per line; a message is acked only after the "
+        "file that holds it is written, fsynced and renamed into place.",
+    )
+    archive.add_argument("--queue", required=True, help="queue to drain (must exist)")
+    archive.add_argument("--out", required=True, metavar="DIR", help="archive folder")
+    archive.add_argument("--max-events", type=_positive_int, metavar="N", help="stop after N")
+    archive.add_argument(
+        "--idle-exit", type=_duration, metavar="DURATION", help="stop when idle this long"
+    )
+    archive.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="messages per written file at most, and the prefetch (default 1000)",
+    )
+    _config_option(archive)
+
+    report = commands.add_parser(
+        "report",
+        help="Spark job: delivery analytics over the service's JSON delivery logs",
+        description="Read delivery-log lines (files, folders, globs; plain or gzip) and write "
+        "summary.csv, errors.csv, attempts.csv, the same tables as Parquet, summary.md and "
+        "report.png into OUT.",
+    )
+    report.add_argument("--logs", required=True, nargs="+", metavar="PATH", help="log input")
+    report.add_argument("--out", required=True, metavar="DIR", help="output folder")
+
+    replay = commands.add_parser(
+        "replay",
+        help="Spark job: republish archived events to RabbitMQ with publisher confirms",
+        description="Republish the events of an archive (every *.jsonl and *.jsonl.gz below "
+        "DIR) to an existing exchange: persistent, binary ce- headers, confirmed, one "
+        "long-lived connection per Spark partition.",
+    )
+    replay.add_argument("--archive", required=True, metavar="DIR", help="archive folder")
+    replay.add_argument("--exchange", required=True, help="exchange ('' = default); must exist")
+    replay.add_argument("--routing-key", default="", metavar="K", help="routing key")
+    replay.add_argument("--type", help="only events of this type")
+    replay.add_argument("--source", help="only events from this source")
+    replay.add_argument("--since", type=_instant, metavar="TS", help="from this instant (incl.)")
+    replay.add_argument("--until", type=_instant, metavar="TS", help="before this instant")
+    replay.add_argument("--rate", type=_positive_number, metavar="N", help="max events/s in all")
+    replay.add_argument(
+        "--partitions",
+        type=_positive_int,
+        metavar="N",
+        help="publishing partitions = broker connections (default: Spark's parallelism)",
+    )
+    replay.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where counts.json, rejects/ and failed/ go (default: ./replay-<UTC time>)",
+    )
+    _config_option(replay)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("archive", "report", "replay"):
+        return _batch(args)
     try:
         settings = load_settings(args.config, os.environ)
     except ConfigError as e:
@@ -58,6 +174,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(render_effective_config(settings))
         return EXIT_OK
     return _run(settings)
+
+
+def _batch(args: argparse.Namespace) -> int:
+    if args.command == "archive":
+        from dispatcher.pipeline import archive
+
+        return archive.command(args)
+    if args.command == "report":
+        from dispatcher.pipeline import report
+
+        return report.command(args)
+    from dispatcher.pipeline import replay
+
+    return replay.command(args)
 
 
 def _run(settings: Settings) -> int:

@@ -188,6 +188,26 @@ def load_settings(path: str | None, environ: Mapping[str, str]) -> Settings:
     return settings_from_dict(raw, environ)
 
 
+def load_broker_settings(path: str | None, environ: Mapping[str, str]) -> BrokerSettings:
+    """The ``broker`` section alone, for the batch commands (``archive``, ``replay``).
+
+    They read the same file as the service when there is one (bindings are not
+    needed, so not required), else the defaults; ``RABBITMQ_URL`` overrides either.
+    """
+    resolved, named_by = _resolve_config_path(path, environ)
+    raw: Mapping[str, object] = {}
+    if path or named_by != "config" or os.path.exists(resolved):
+        raw = _read_yaml(resolved, named_by)
+    merged, origins = _apply_env_overrides({"broker": raw.get("broker")}, environ)
+    try:
+        return _broker(merged.get("broker"), "broker")
+    except ConfigError as err:
+        variable = origins.get(err.key)
+        if variable is None:
+            raise
+        raise ConfigError(variable, err.problem) from None
+
+
 def settings_from_dict(
     raw: Mapping[str, object],
     environ: Mapping[str, str],

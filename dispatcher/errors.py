@@ -7,7 +7,9 @@ where they enter the package, and nowhere else::
     ├── ConfigError            bad configuration; names the key; exit code 2
     ├── EventError             a message that cannot become a valid CloudEvent
     │   └── NotACloudEvent     no specversion at all (wrap it or dead-letter it)
-    └── PublishError           a publish was not confirmed (nack, unroutable, timeout, closed)
+    ├── PublishError           a publish was not confirmed (nack, unroutable, timeout, closed)
+    └── BatchInputError        a batch command cannot start: missing input, no PySpark,
+                               an exchange or queue that does not exist; exit code 2
 
 Losing the consuming connection or a channel is not an exception anywhere: the
 supervisor turns pika's close notifications into reconnect reasons.
@@ -43,3 +45,7 @@ class NotACloudEvent(EventError):
 
 class PublishError(DispatcherError):
     """A message was not accepted by the broker (nacked, unroutable, timed out, connection lost)."""
+
+
+class BatchInputError(DispatcherError):
+    """A batch command (archive, report, replay) cannot start with what it was given."""

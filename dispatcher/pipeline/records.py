@@ -1,0 +1,68 @@
+"""The archive format: one structured CloudEvent (JSON) per line, by date.
+
+``archive`` writes ``OUT/date=YYYY-MM-DD/part-….jsonl``; ``replay`` reads every
+``*.jsonl`` and ``*.jsonl.gz`` below a folder. Each line is the event in the
+JSON event format (data spliced in byte for byte, see ``events.to_json``) plus
+one extension, ``dispatcherarchived``: the instant the archiver received it.
+The instant of an event, which decides its date folder and the replay's
+``--since``/``--until``, is its ``time`` attribute, else ``dispatcherarchived``:
+an event without ``time`` still belongs to the day it was archived. Replay
+removes ``dispatcherarchived`` again before it publishes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Final
+
+from dateutil.parser import isoparse
+
+from dispatcher import events
+from dispatcher.errors import EventError
+from dispatcher.events import Event
+
+ARCHIVED: Final = "dispatcherarchived"
+
+
+def to_line(event: Event, archived_at: dt.datetime) -> bytes:
+    """The archive line for ``event`` (no newline)."""
+    return events.to_json(event.with_extensions({ARCHIVED: events.format_time(archived_at)}))
+
+
+def from_line(line: str | bytes) -> Event:
+    """Parse and validate one archive line; ``EventError`` says what is wrong with it."""
+    try:
+        document = events.strict_json(line)
+    except ValueError as e:
+        raise EventError(f"not JSON: {e}") from e
+    if not isinstance(document, dict):
+        raise EventError("not a JSON object")
+    return events.from_json_document(document)
+
+
+def instant(event: Event) -> dt.datetime | None:
+    """When the event happened (``time``), else when it was archived; aware, UTC."""
+    for name in ("time", ARCHIVED):
+        text = event.attributes.get(name)
+        if text is None:
+            continue
+        try:
+            value = isoparse(text)
+        except (ValueError, OverflowError):
+            continue  # from_line validated ``time``; a broken ARCHIVED falls through
+        if value.tzinfo is not None:
+            return value.astimezone(dt.UTC)
+    return None
+
+
+def partition_date(event: Event, archived_at: dt.datetime) -> str:
+    """``YYYY-MM-DD`` (UTC) of the folder the event is archived in."""
+    when = instant(event) or archived_at.astimezone(dt.UTC)
+    return when.date().isoformat()
+
+
+def for_replay(event: Event) -> Event:
+    """The event as it was before it was archived."""
+    if ARCHIVED not in event.attributes:
+        return event
+    return Event({k: v for k, v in event.attributes.items() if k != ARCHIVED}, event.data)

@@ -1,0 +1,80 @@
+"""The one place that starts Spark, so ``report`` and ``replay`` run unchanged
+on ``local[*]`` (plain ``dispatcher report``) and on a cluster (``spark-submit``).
+
+Under ``spark-submit`` the master and every ``--conf`` are already set, and
+win: this module only fills in what is missing. Run directly, the master is
+``local[*]``, the driver binds to loopback and Python workers use this
+interpreter (else they would run whatever ``python3`` is on the PATH, which
+may not have dispatcher installed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Final
+
+from dispatcher.errors import BatchInputError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+INSTALL_ADVICE: Final = (
+    "PySpark is not installed: install the pipeline extra (pip install 'dispatcher[pipeline]')"
+)
+# Only for a run without spark-submit (there, static settings are the user's).
+_LOCAL_STATIC: Final = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+# Session settings, filled in wherever the user did not set them.
+_RUNTIME_DEFAULTS: Final = {
+    # The tables these jobs aggregate into are small; 200 shuffle partitions
+    # would be 200 tiny tasks per stage.
+    "spark.sql.shuffle.partitions": "8",
+    # Dates in the archive and report are UTC whatever the machine's zone.
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def require_pyspark() -> None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise BatchInputError(INSTALL_ADVICE) from None
+
+
+def submitted() -> bool:
+    """Whether spark-submit started this driver (it hands over its JVM gateway)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+@contextmanager
+def session(app_name: str) -> Iterator[SparkSession]:
+    """The active SparkSession, or a new one that is stopped again on exit."""
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # a test's fixture, or an embedding application
+        yield active
+        return
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(f"dispatcher-{app_name}")
+    if not submitted():
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.master("local[*]")
+        for key, value in _LOCAL_STATIC.items():
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    given = spark.sparkContext.getConf()
+    for key, value in _RUNTIME_DEFAULTS.items():
+        if not given.contains(key):
+            spark.conf.set(key, value)
+    try:
+        yield spark
+    finally:
+        spark.stop()

@@ -1,0 +1,140 @@
+"""The cluster path, for real: a Spark standalone master and worker on loopback,
+``report`` submitted with ``spark-submit`` through the same launcher users run,
+and its output compared with the local run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyspark
+import pytest
+
+from tests.support import delivery_logs
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_HOME = Path(pyspark.__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spark_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOG_DIR": os.environ.get("TMPDIR", "/tmp"),
+    }
+
+
+def wait_for_http(url: str, what: str, process: subprocess.Popen[bytes], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"{what} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return str(response.read().decode())
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"{what} did not answer at {url} within {timeout}s")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    url: str  # spark://127.0.0.1:PORT
+    status_url: str  # the master's JSON status
+
+    def completed_apps(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.status_url, timeout=5) as response:
+            apps: list[dict[str, Any]] = json.load(response)["completedapps"]
+            return apps
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A standalone master with one worker (one core) registered."""
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    port, master_ui, worker_ui = free_port(), free_port(), free_port()
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        with (logs / "master.log").open("wb") as out:
+            master = subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(master_ui)],
+                env=spark_env(), stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        started.append(master)
+        url = f"spark://127.0.0.1:{port}"
+        wait_for_http(f"http://127.0.0.1:{master_ui}/json/", "master", master, 60)
+        with (logs / "worker.log").open("wb") as out:
+            worker = subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                 "--cores", "1", "--memory", "1g", "--webui-port", str(worker_ui)],
+                env=spark_env(), stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        started.append(worker)
+        deadline = time.monotonic() + 60
+        while '"aliveworkers" : 1' not in wait_for_http(
+            f"http://127.0.0.1:{master_ui}/json/", "master", master, 10
+        ):
+            assert time.monotonic() < deadline, "the worker never registered with the master"
+            assert worker.poll() is None, f"worker exited with {worker.returncode}"
+            time.sleep(0.3)
+        yield Cluster(url, f"http://127.0.0.1:{master_ui}/json/")
+    finally:
+        for process in started:
+            process.terminate()
+        for process in started:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def test_report_under_spark_submit_on_a_cluster_equals_the_local_run(
+    spark: Any, cluster: Cluster, tmp_path: Path, capsys: Any
+) -> None:
+    from dispatcher import cli
+
+    logs = tmp_path / "logs"
+    delivery_logs.write_logs(logs, 3000, files=3)
+    assert cli.main(["report", "--logs", str(logs), "--out", str(tmp_path / "local")]) == 0
+    capsys.readouterr()
+
+    submitted = subprocess.run(
+        [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url,
+         "--conf", "spark.ui.enabled=false",
+         str(ROOT / "cmd" / "dispatcher.py"),
+         "report", "--logs", str(logs), "--out", str(tmp_path / "cluster")],
+        check=False, env=spark_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    assert "delivery records" in submitted.stdout
+    # It ran on the cluster (the master saw it through), not on a local master.
+    finished = [app for app in cluster.completed_apps() if app["name"] == "dispatcher-report"]
+    assert len(finished) == 1 and finished[0]["state"] == "FINISHED", finished
+    for name in ("summary.csv", "errors.csv", "attempts.csv", "counts.json"):
+        local = (tmp_path / "local" / name).read_text()
+        assert (tmp_path / "cluster" / name).read_text() == local, name
+    assert (tmp_path / "cluster" / "report.png").stat().st_size > 0

@@ -1,0 +1,150 @@
+"""``dispatcher report`` on generated logs, checked against a plain-Python computation."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher import cli
+from dispatcher.pipeline import report
+from tests.support import delivery_logs
+
+pytestmark = pytest.mark.spark
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="", encoding="utf-8") as stream:
+        reader = csv.DictReader(stream)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def run_report(logs: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    code = cli.main(["report", "--logs", *logs, "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return captured.out
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("logs")
+    lines = delivery_logs.write_logs(folder, 6000, files=4)
+    return folder, delivery_logs.expected(lines)
+
+
+def assert_matches_reference(out: Path, expected: dict[str, Any]) -> None:
+    columns, summary = read_csv(out / "summary.csv")
+    assert columns == list(report.SUMMARY_COLUMNS)
+    assert [(r["binding"], r["ce_type"]) for r in summary] == [
+        (r["binding"], r["ce_type"]) for r in expected["summary"]
+    ]
+    for got, want in zip(summary, expected["summary"], strict=True):
+        for name in (*delivery_logs.OUTCOMES, "duplicates"):
+            assert int(got[name]) == want[name], (got, want, name)
+        assert float(got["mean_attempts"]) == pytest.approx(want["mean_attempts"], abs=1e-4)
+        for name in ("p50_ms", "p95_ms", "p99_ms"):
+            assert float(got[name]) == pytest.approx(want[name], rel=0.01), (got, want, name)
+    columns, errors = read_csv(out / "errors.csv")
+    assert columns == list(report.ERRORS_COLUMNS)
+    assert {(r["binding"], int(r["status"])): int(r["count"]) for r in errors} == expected["errors"]
+    _, attempts = read_csv(out / "attempts.csv")
+    assert {
+        (r["binding"], r["ce_type"], int(r["attempts"])): int(r["count"]) for r in attempts
+    } == expected["attempts"]
+
+
+def test_report_matches_a_plain_python_computation(
+    spark: Any, generated: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: Any
+) -> None:
+    folder, expected = generated
+    # The generator must have made what this test is about.
+    assert expected["not_delivery"] > 0 and expected["malformed"] > 0
+    assert any(row["duplicates"] > 0 for row in expected["summary"])
+    assert any(folder.glob("*.gz")) and any(folder.glob("*.log"))
+
+    printed = run_report([str(folder)], tmp_path, capsys)
+
+    assert_matches_reference(tmp_path, expected)
+    skipped = expected["not_delivery"] + expected["malformed"]
+    assert f"skipped {skipped} " in printed
+    counts = json.loads((tmp_path / "counts.json").read_text())
+    assert counts == {
+        "lines": expected["lines"],
+        "records": expected["records"],
+        "skipped": skipped,
+        "not_delivery": expected["not_delivery"],
+        "malformed": expected["malformed"],
+    }
+
+
+def test_parquet_tables_hold_the_csv_rows(
+    spark: Any, generated: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: Any
+) -> None:
+    run_report([str(generated[0])], tmp_path, capsys)
+    for name in ("summary", "errors", "attempts"):
+        _, rows = read_csv(tmp_path / f"{name}.csv")
+        table = spark.read.parquet(str(tmp_path / f"{name}.parquet"))
+        assert table.columns == list(read_csv(tmp_path / f"{name}.csv")[0])
+        from_parquet = sorted(tuple(str(v) for v in row) for row in table.collect())
+        assert from_parquet == sorted(tuple(r.values()) for r in rows)
+
+
+def test_markdown_and_chart(
+    spark: Any, generated: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: Any
+) -> None:
+    folder, expected = generated
+    run_report([str(folder)], tmp_path, capsys)
+    text = (tmp_path / "summary.md").read_text()
+    assert f"- delivery records: {expected['records']}" in text
+    for row in expected["summary"]:
+        assert f"| {row['binding']} | {row['ce_type']} | {row['delivered']} |" in text
+    assert "report.png" in text
+    png = (tmp_path / "report.png").read_bytes()
+    assert png.startswith(PNG_SIGNATURE)
+    width = int.from_bytes(png[16:20], "big")
+    height = int.from_bytes(png[20:24], "big")
+    assert width >= 600 and height >= 300
+
+
+def test_files_and_globs_select_what_they_name(
+    spark: Any, generated: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: Any
+) -> None:
+    folder, _ = generated
+    gz_files = sorted(str(p) for p in folder.glob("*.gz"))
+    expected = delivery_logs.expected(
+        line
+        for path in gz_files
+        for line in __import__("gzip").open(path, "rt").read().splitlines()
+    )
+    run_report([str(folder / "*.gz")], tmp_path / "glob", capsys)
+    assert_matches_reference(tmp_path / "glob", expected)
+    run_report(gz_files, tmp_path / "files", capsys)
+    assert_matches_reference(tmp_path / "files", expected)
+
+
+def test_a_path_that_matches_nothing_is_exit_2_naming_it(
+    spark: Any, tmp_path: Path, capsys: Any
+) -> None:
+    missing = str(tmp_path / "no-such-logs")
+    code = cli.main(["report", "--logs", missing, "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert f"nothing matches {missing}" in capsys.readouterr().err
+
+
+def test_without_pyspark_exit_2_with_advice(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark -> ImportError
+    for argv in (
+        ["report", "--logs", str(tmp_path), "--out", str(tmp_path / "out")],
+        ["replay", "--archive", str(tmp_path), "--exchange", "x"],
+    ):
+        assert cli.main(argv) == 2
+        assert "pip install 'dispatcher[pipeline]'" in capsys.readouterr().err
