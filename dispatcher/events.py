@@ -27,7 +27,7 @@ import decimal
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote, unquote
@@ -216,7 +216,7 @@ def _from_structured(content_type: str, body: bytes) -> Event:
         raise EventError(f"structured event is not valid JSON: {e}") from e
     if not isinstance(document, dict):
         raise EventError("structured event is not a JSON object")
-    return from_json_document(document)
+    return from_json_document(document, body)
 
 
 def _reject_constant(name: str) -> Any:
@@ -228,6 +228,9 @@ def _finite(text: str) -> float:
     if value in (float("inf"), float("-inf")):
         raise ValueError(f"number {text[:40]} is out of range")
     return value
+
+
+_STRICT_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
 
 
 def strict_json(data: bytes | str) -> Any:
@@ -244,12 +247,18 @@ def strict_json(data: bytes | str) -> Any:
         raise ValueError(f"not UTF-8: {e}") from e
 
 
-def from_json_document(document: dict[str, Any]) -> Event:
-    """Build an Event from a JSON-format CloudEvent document (already parsed)."""
+def from_json_document(document: dict[str, Any], text: str | bytes | None = None) -> Event:
+    """Build an Event from a JSON-format CloudEvent document (already parsed).
+
+    With ``text``, the document's source, JSON data keeps the exact bytes it
+    was written with (number precision, spacing, escapes) instead of being
+    re-encoded from the parsed value.
+    """
     if "data" in document and "data_base64" in document:
         raise EventError("structured event has both data and data_base64")
     attributes = _json_attributes(document)
-    return validated(attributes, _json_data(document, attributes.get("datacontenttype")))
+    data = _json_data(document, attributes.get("datacontenttype"), text)
+    return validated(attributes, data)
 
 
 def _json_attributes(document: dict[str, Any]) -> dict[str, str]:
@@ -266,7 +275,9 @@ def _json_attributes(document: dict[str, Any]) -> dict[str, str]:
     return attributes
 
 
-def _json_data(document: dict[str, Any], content_type: str | None) -> bytes | None:
+def _json_data(
+    document: dict[str, Any], content_type: str | None, text: str | bytes | None
+) -> bytes | None:
     if "data_base64" in document:
         encoded = document["data_base64"]
         if not isinstance(encoded, str):
@@ -280,9 +291,42 @@ def _json_data(document: dict[str, Any], content_type: str | None) -> bytes | No
     value = document["data"]
     if isinstance(value, str) and not _is_json(content_type):
         return value.encode("utf-8")
-    # The JSON format carries data as a JSON value, so it is re-encoded here;
-    # numbers beyond double precision round as in any JSON consumer.
+    if text is not None:
+        raw = _raw_member(text if isinstance(text, str) else text.decode("utf-8"), "data")
+        if raw is not None:
+            return raw.encode("utf-8")
+    # Without the source text, JSON data can only be re-encoded from its value.
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+_JSON_WHITESPACE: Final = re.compile(r"[ \t\n\r]*")
+
+
+def _raw_member(text: str, name: str) -> str | None:
+    """The exact source text of top-level member ``name`` of a JSON object (the last one
+    when repeated, as ``json.loads`` keeps); ``text`` has already parsed as one."""
+    # scan_once (public, undocumented in typeshed) parses one value at an index.
+    scan: Callable[[str, int], tuple[Any, int]] = _STRICT_DECODER.scan_once  # type: ignore[attr-defined]
+    found = None
+    try:
+        position = _skip_space(text, 0) + 1  # past "{"
+        while text[_skip_space(text, position)] != "}":
+            key, position = scan(text, _skip_space(text, position))
+            start = _skip_space(text, _skip_space(text, position) + 1)  # past ":"
+            _value, position = scan(text, start)
+            if key == name:
+                found = text[start:position]
+            position = _skip_space(text, position)
+            if text[position] == ",":
+                position += 1
+    except (StopIteration, ValueError, IndexError, RecursionError):
+        return None  # cannot happen for parsed text; re-encoding is the safe fallback
+    return found
+
+
+def _skip_space(text: str, position: int) -> int:
+    match = _JSON_WHITESPACE.match(text, position)
+    return match.end() if match else position
 
 
 def validated(attributes: dict[str, str], data: bytes | None) -> Event:

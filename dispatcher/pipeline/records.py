@@ -37,7 +37,7 @@ def from_line(line: str | bytes) -> Event:
         raise EventError(f"not JSON: {e}") from e
     if not isinstance(document, dict):
         raise EventError("not a JSON object")
-    return events.from_json_document(document)
+    return events.from_json_document(document, line)
 
 
 def instant(event: Event) -> dt.datetime | None:

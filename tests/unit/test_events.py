@@ -306,3 +306,25 @@ def test_wrapped_id_depends_on_identity_properties_only():
         events.wrap(AmqpMessage(b"x", {}, properties=p), "/", "q").id for p in (props, same, other)
     )
     assert a == b != c
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"x": 1.000000000000000000001,  "big": 123456789012345678901234567890, "y" : [1, 2]}',
+        b'"caf\\u00e9"',
+        b"[ ]",
+        b"1e5",
+    ],
+)
+def test_structured_input_keeps_json_data_byte_for_byte(data):
+    # Decoding and re-encoding would round the numbers and change the spacing.
+    body = b'{"specversion":"1.0","id":"1","source":"/s","type":"t",\n "data" : ' + data + b" }"
+    message = AmqpMessage(body, {}, "application/cloudevents+json")
+    assert events.from_amqp(message).data == data
+
+
+def test_the_last_of_repeated_data_members_wins_as_in_json_loads():
+    body = b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":1,"data": [2]}'
+    message = AmqpMessage(body, {}, "application/cloudevents+json")
+    assert events.from_amqp(message).data == b"[2]"
