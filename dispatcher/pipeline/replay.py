@@ -1,0 +1,358 @@
+"""``dispatcher replay``: republish archived events to RabbitMQ, at scale.
+
+The job, stage by stage:
+
+1. read every ``*.jsonl`` and ``*.jsonl.gz`` below ``--archive`` (hidden
+   files, such as an interrupted archiver's temp files, are skipped);
+2. parse each line in Python (``records.from_line``, the same validation as
+   the service); a bad line becomes a reject with its reason and never stops
+   the job;
+3. filter by ``--type``, ``--source``, ``--since`` (inclusive) and ``--until``
+   (exclusive), compared as instants (``records.instant``);
+4. keep one record per (source, id): the archive holds an event twice when
+   an archiver was interrupted between its rename and its acks;
+5. publish, per partition, with one long-lived connection and a pipelined
+   confirm channel (``confirms.ConfirmedPublisher``), ordered by instant
+   within the partition, at ``--rate`` / partitions each.
+
+The publish stage is the one action with side effects and runs once: its
+results come back with ``collect()``, never recomputed. The exchange must
+exist (one passive check on the driver); replay never declares it.
+
+Outputs: one summary line on stdout, and in ``--out``: ``counts.json``,
+``rejects/`` (JSON lines: file, line, reason) and ``failed/`` (records the
+broker did not confirm, as archive lines: ``--archive OUT/failed`` retries
+exactly them). Exit 0 when every selected record was published, 1 when some
+failed, 2 when the job could not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from dispatcher import events
+from dispatcher.broker_params import connection_parameters
+from dispatcher.config import BrokerSettings, load_broker_settings, redact_url
+from dispatcher.errors import BatchInputError, ConfigError, EventError
+from dispatcher.events import Event
+from dispatcher.pipeline import records
+from dispatcher.pipeline import spark as spark_session
+from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+ARCHIVE_FILES: Final = "*.{jsonl,jsonl.gz}"
+# Columns of a parsed line; a reject has only file, line and reason.
+PARSED_COLUMNS: Final = (
+    "source",
+    "id",
+    "type",
+    "instant_us",
+    "headers",
+    "content_type",
+    "body",
+    "file",
+    "line",
+    "reason",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    archive: str
+    exchange: str
+    routing_key: str = ""
+    type: str | None = None
+    source: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    rate: float | None = None
+    partitions: int | None = None
+    out: str = "."
+
+
+@dataclass(slots=True)
+class Counts:
+    lines: int = 0
+    malformed: int = 0
+    filtered_out: int = 0
+    skipped_duplicate: int = 0
+    published: int = 0
+    failed: int = 0
+    resent: int = 0
+    partitions: int = 0
+    connections: int = 0
+    seconds: float = 0.0
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def events_per_second(self) -> float:
+        return round(self.published / self.seconds, 1) if self.seconds > 0 else 0.0
+
+
+# --------------------------------------------------------------------- command
+
+
+def command(args: argparse.Namespace) -> int:
+    try:
+        spark_session.require_pyspark()
+        broker = load_broker_settings(args.config, os.environ)
+        options = _options(args)
+        check_exchange(broker, options.exchange)
+        with spark_session.session("replay") as spark:
+            counts = replay(spark, broker, options)
+    except (BatchInputError, ConfigError) as e:
+        sys.stderr.write(f"dispatcher replay: {e}\n")
+        return 2
+    sys.stdout.write(_summary_line(counts, options) + "\n")
+    return 0 if counts.failed == 0 else 1
+
+
+def _options(args: argparse.Namespace) -> ReplayOptions:
+    if not Path(args.archive).is_dir():
+        raise BatchInputError(f"--archive {args.archive}: not a folder")
+    if args.since and args.until and args.since >= args.until:
+        raise BatchInputError("--since must be before --until")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return ReplayOptions(
+        archive=args.archive,
+        exchange=args.exchange,
+        routing_key=args.routing_key,
+        type=args.type,
+        source=args.source,
+        since=args.since,
+        until=args.until,
+        rate=args.rate,
+        partitions=args.partitions,
+        out=args.out or f"replay-{stamp}",
+    )
+
+
+def check_exchange(broker: BrokerSettings, exchange: str) -> None:
+    """Fail fast, on the driver, when the exchange does not exist (replay never declares it)."""
+    if exchange == "":
+        return  # the default exchange always exists
+    import pika
+    import pika.exceptions
+
+    try:
+        connection = pika.BlockingConnection(connection_parameters(broker, "replay-check"))
+    except Exception as e:  # pika's connection errors, translated here
+        raise BatchInputError(
+            f"cannot connect to the broker at {redact_url(broker.url)}: {type(e).__name__}"
+        ) from None
+    try:
+        connection.channel().exchange_declare(exchange, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as e:
+        raise BatchInputError(
+            f"--exchange {exchange}: {e.reply_code} {e.reply_text} (replay never declares it)"
+        ) from None
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def _summary_line(counts: Counts, options: ReplayOptions) -> str:
+    text = (
+        f"replayed to exchange {options.exchange!r}: published {counts.published}, "
+        f"skipped {counts.skipped_duplicate} as duplicate, {counts.filtered_out} filtered out, "
+        f"{counts.malformed} malformed, {counts.failed} failed, of {counts.lines} lines, in "
+        f"{counts.seconds:.1f}s ({counts.events_per_second} events/s, "
+        f"{counts.partitions} partitions, {counts.connections} connections); "
+        f"counts in {options.out}/counts.json"
+    )
+    if counts.failure_reasons:
+        reasons = ", ".join(f"{n} {why}" for why, n in counts.failure_reasons.items())
+        text += f"\nfailed: {reasons}; retry them with --archive {options.out}/failed"
+    return text
+
+
+# --------------------------------------------------------------------- the job
+
+
+def replay(spark: SparkSession, broker: BrokerSettings, options: ReplayOptions) -> Counts:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    out = Path(options.out)
+    shutil.rmtree(out / "failed", ignore_errors=True)  # a previous run's, now stale
+    parsed = parse(spark, options.archive).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        counts = Counts()
+        good = F.col("reason").isNull()
+        selected = good & _selection(options)
+        totals = parsed.agg(
+            F.count(F.lit(1)).alias("lines"),
+            F.sum(F.when(~good, 1).otherwise(0)).alias("malformed"),
+            F.sum(F.when(good & ~selected, 1).otherwise(0)).alias("filtered_out"),
+        ).first()
+        assert totals is not None
+        counts.lines = int(totals["lines"])
+        counts.malformed = int(totals["malformed"] or 0)
+        counts.filtered_out = int(totals["filtered_out"] or 0)
+        parsed.where(~good).select("file", "line", "reason").write.mode("overwrite").json(
+            str(out / "rejects")
+        )
+        chosen = parsed.where(selected).dropDuplicates(["source", "id"])
+        partitions = options.partitions or spark.sparkContext.defaultParallelism
+        results = publish(chosen, partitions, broker, options)
+    finally:
+        parsed.unpersist()
+    selected_count = sum(r.published + r.failed for r in results)
+    counts.skipped_duplicate = counts.lines - counts.malformed - counts.filtered_out
+    counts.skipped_duplicate -= selected_count
+    counts.partitions = partitions
+    for result in results:
+        counts.published += result.published
+        counts.failed += result.failed
+        counts.resent += result.resent
+        counts.connections += result.connections
+    reasons: Counter[str] = Counter()
+    for result in results:
+        reasons.update(result.reasons)
+    counts.failure_reasons = dict(reasons.most_common())
+    counts.seconds = round(time.monotonic() - started, 3)
+    _write_failed(out / "failed", results)
+    _write_counts(out / "counts.json", counts)
+    return counts
+
+
+def parse(spark: SparkSession, archive: str) -> DataFrame:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    lines = (
+        spark.read.option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", ARCHIVE_FILES)
+        .text(archive)
+        .select(F.input_file_name().alias("file"), "value")
+    )
+    schema = T.StructType(
+        [
+            T.StructField("source", T.StringType()),
+            T.StructField("id", T.StringType()),
+            T.StructField("type", T.StringType()),
+            T.StructField("instant_us", T.LongType()),
+            T.StructField("headers", T.StringType()),
+            T.StructField("content_type", T.StringType()),
+            T.StructField("body", T.BinaryType()),
+            T.StructField("file", T.StringType()),
+            T.StructField("line", T.StringType()),
+            T.StructField("reason", T.StringType()),
+        ]
+    )
+    return spark.createDataFrame(lines.rdd.mapPartitions(parse_lines), schema)
+
+
+def parse_lines(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+    """Runs on executors: each (file, value) row becomes a parsed record or a reject."""
+    for row in rows:
+        file, line = row[0], row[1]
+        try:
+            event = records.from_line(line)
+        except EventError as e:
+            yield (None, None, None, None, None, None, None, file, line, e.reason)
+            continue
+        when = records.instant(event)
+        replayed = records.for_replay(event)
+        headers, content_type = events.to_amqp_headers(replayed)
+        yield (
+            event.source,
+            event.id,
+            event.type,
+            None if when is None else _micros(when),
+            json.dumps(headers, ensure_ascii=False),
+            content_type,
+            replayed.data or b"",
+            None,
+            None,
+            None,
+        )
+
+
+def _micros(when: dt.datetime) -> int:
+    return (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+
+
+def _selection(options: ReplayOptions) -> Any:
+    from pyspark.sql import functions as F
+
+    condition = F.lit(True)
+    if options.type is not None:
+        condition = condition & (F.col("type") == options.type)
+    if options.source is not None:
+        condition = condition & (F.col("source") == options.source)
+    # An event with no instant at all cannot be placed in a time range.
+    if options.since is not None:
+        condition = condition & (F.col("instant_us") >= _micros(options.since))
+    if options.until is not None:
+        condition = condition & (F.col("instant_us") < _micros(options.until))
+    return F.coalesce(condition, F.lit(False))
+
+
+def publish(
+    chosen: DataFrame, partitions: int, broker: BrokerSettings, options: ReplayOptions
+) -> list[PublishResult]:
+    exchange, routing_key = options.exchange, options.routing_key
+    rate = options.rate / partitions if options.rate else None
+
+    def publish_partition(index: int, rows: Iterable[Any]) -> Iterator[PublishResult]:
+        # Runs on an executor: one connection for the whole partition.
+        parameters = connection_parameters(broker, f"replay-{index}")
+        publisher = ConfirmedPublisher(parameters, exchange, routing_key, rate=rate)
+        yield publisher.publish(_outgoing(row) for row in rows)
+
+    ordered = (
+        chosen.select("source", "id", "instant_us", "headers", "content_type", "body")
+        .repartition(partitions)
+        .sortWithinPartitions("instant_us", "source", "id")
+    )
+    return ordered.rdd.mapPartitionsWithIndex(publish_partition).collect()
+
+
+def _outgoing(row: Any) -> Outgoing:
+    return Outgoing(
+        key=(row["source"], row["id"]),
+        body=bytes(row["body"]),
+        headers=json.loads(row["headers"]),
+        content_type=row["content_type"],
+    )
+
+
+# --------------------------------------------------------------------- outputs
+
+
+def _write_failed(folder: Path, results: list[PublishResult]) -> None:
+    failed = [record for result in results for record in result.failed_records]
+    if not failed:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "failed.jsonl").open("wb") as stream:
+        for record in failed:
+            stream.write(events.to_json(_as_event(record)) + b"\n")
+
+
+def _as_event(record: Outgoing) -> Event:
+    attributes = {name.removeprefix("ce-"): value for name, value in record.headers.items()}
+    if record.content_type is not None:
+        attributes["datacontenttype"] = record.content_type
+    return Event(attributes, record.body)
+
+
+def _write_counts(path: Path, counts: Counts) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {**asdict(counts), "events_per_second": counts.events_per_second}
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

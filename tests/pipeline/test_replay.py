@@ -1,0 +1,230 @@
+"""``dispatcher replay`` against the real broker: exactly the selected events, once each,
+persistent, in the form the service reads, on one connection per partition."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from dispatcher import cli, events
+from dispatcher.events import AmqpMessage, Event
+from dispatcher.pipeline import records
+from tests.support import broker
+from tests.support.proxy import FaultProxy
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+ARCHIVED_AT = dt.datetime(2026, 11, 20, 23, 30, tzinfo=dt.UTC)
+TYPES = ("com.example.created", "com.example.paid")
+SOURCES = ("/orders", "/billing")
+JUNK = [b"not json", b'{"specversion": "1.0", "id": "x"}', b"[1, 2]", b'{"truncated": ']
+
+
+def instant_of(event: Event) -> dt.datetime:
+    """Where replay places the event in time: its ``time``, else when it was archived."""
+    return records.instant(event) or ARCHIVED_AT
+
+
+def make_events(count: int) -> list[Event]:
+    made = []
+    for i in range(count):
+        attributes = {
+            "specversion": "1.0",
+            "id": f"ev-{i}",
+            "source": SOURCES[i % 2],
+            "type": TYPES[(i // 2) % 2],
+            "datacontenttype": "application/json",
+            "traceparent": f"00-{i:032x}-{i:016x}-01",
+        }
+        if i % 5:  # every fifth event has no time: its archive time places it
+            when = dt.datetime(2026, 11, 20, tzinfo=dt.UTC) + dt.timedelta(minutes=7 * i)
+            attributes["time"] = events.format_time(when)
+        made.append(Event(attributes, b'{"n": %d, "text": "caf\xc3\xa9"}' % i))
+    return made
+
+
+def write_archive(folder: Path, made: list[Event]) -> None:
+    """Three files (one gzip), the first 30 events archived twice, junk and a hidden temp file."""
+    lines = [records.to_line(e, ARCHIVED_AT) for e in made]
+    third = len(lines) // 3
+    day = folder / "date=2026-11-20"
+    day.mkdir(parents=True)
+    (day / "part-a.jsonl").write_bytes(b"\n".join([*lines[:third], *JUNK[:2]]) + b"\n")
+    with gzip.open(day / "part-b.jsonl.gz", "wb") as stream:
+        stream.write(b"\n".join([*lines[third : 2 * third], *JUNK[2:]]) + b"\n")
+    other = folder / "date=2026-11-21"
+    other.mkdir()
+    (other / "part-c.jsonl").write_bytes(b"\n".join([*lines[2 * third :], *lines[:30]]) + b"\n")
+    (other / ".part-d.jsonl.tmp").write_bytes(lines[0] + b"\n")  # an interrupted archiver's
+    (other / "notes.txt").write_text("not an archive file\n")
+
+
+@pytest.fixture
+def target() -> Iterator[tuple[str, str]]:
+    """(exchange, queue): a direct exchange routing 'replayed' to a fresh queue."""
+    exchange, queue = broker.unique("replay-x"), broker.unique("replay-q")
+    with broker.channel() as ch:
+        ch.exchange_declare(exchange, "direct")
+        ch.queue_declare(queue, durable=True)
+        ch.queue_bind(queue, exchange, routing_key="replayed")
+    yield exchange, queue
+    with broker.channel() as ch:
+        ch.queue_delete(queue)
+        ch.exchange_delete(exchange)
+
+
+def received(queue: str) -> list[tuple[Event, Any]]:
+    got = []
+    with broker.channel() as ch:
+        while True:
+            method, properties, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return got
+            message = AmqpMessage(body, properties.headers or {}, properties.content_type)
+            got.append((events.from_amqp(message), properties))
+
+
+def run_replay(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    code = cli.main(["replay", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_replays_every_event_once_in_the_form_the_service_reads(
+    spark: Any,
+    target: tuple[str, str],
+    tmp_path: Path,
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exchange, queue = target
+    made = make_events(300)
+    write_archive(tmp_path / "archive", made)
+    proxy = FaultProxy(5672)  # counts the connections replay opens
+    monkeypatch.setenv("RABBITMQ_URL", proxy.url)
+    try:
+        code, out, err = run_replay(
+            ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
+             "--routing-key", "replayed", "--partitions", "3", "--out", str(tmp_path / "out")],
+            capsys,
+        )  # fmt: skip
+    finally:
+        proxy.close()
+    assert code == 0, err
+    got = received(queue)
+    by_key = {e.key: e for e in made}
+    assert sorted(e.key for e, _ in got) == sorted(by_key)  # exactly once each
+    for event, properties in got:
+        assert properties.delivery_mode == 2
+        assert event == by_key[event.key]  # attributes and data bytes, archive marker gone
+        assert records.ARCHIVED not in event.attributes
+    # One long-lived connection per partition, plus the driver's exchange check.
+    assert proxy.accepted <= 3 + 1
+    counts = json.loads((tmp_path / "out" / "counts.json").read_text())
+    assert counts["published"] == 300
+    assert counts["skipped_duplicate"] == 30
+    assert counts["malformed"] == len(JUNK)
+    assert counts["filtered_out"] == 0
+    assert counts["failed"] == 0
+    assert counts["partitions"] == 3 and counts["connections"] == 3
+    assert "published 300, skipped 30 as duplicate" in out
+    rejects = [
+        json.loads(line)
+        for path in (tmp_path / "out" / "rejects").glob("*.json")
+        for line in path.read_text().splitlines()
+    ]
+    assert sorted(r["line"].encode() for r in rejects) == sorted(JUNK)
+    assert all(r["reason"] and r["file"].endswith((".jsonl", ".jsonl.gz")) for r in rejects)
+
+
+def test_filters_select_by_type_source_and_time_range(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    exchange, queue = target
+    made = make_events(200)
+    write_archive(tmp_path / "archive", made)
+    since = dt.datetime(2026, 11, 20, 0, 14, tzinfo=dt.UTC)  # event 2 exactly
+    until = dt.datetime(2026, 11, 20, 23, 30, tzinfo=dt.UTC)  # = the archive time: excluded
+    wanted = {
+        e.key
+        for e in made
+        if e.type == TYPES[1] and e.source == SOURCES[0] and since <= instant_of(e) < until
+    }
+    # The boundaries matter: an event exactly at --since is in, one at --until is out.
+    assert any(instant_of(e) == since for e in made if e.key in wanted)
+    assert any(instant_of(e) == until for e in made if e.type == TYPES[1])
+
+    code, _out, err = run_replay(
+        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
+         "--routing-key", "replayed", "--type", TYPES[1], "--source", SOURCES[0],
+         "--since", since.isoformat(), "--until", "2026-11-20T23:30:00Z",
+         "--out", str(tmp_path / "out")],
+        capsys,
+    )  # fmt: skip
+
+    assert code == 0, err
+    assert sorted(e.key for e, _ in received(queue)) == sorted(wanted)
+    counts = json.loads((tmp_path / "out" / "counts.json").read_text())
+    assert counts["published"] == len(wanted)
+    valid_lines = 200 + 30
+    assert counts["filtered_out"] + counts["skipped_duplicate"] + len(wanted) == valid_lines
+
+
+def test_unroutable_events_fail_exit_1_and_are_saved_for_a_retry(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    exchange, queue = target
+    made = make_events(40)
+    write_archive(tmp_path / "archive", made)
+    code, out, _err = run_replay(
+        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
+         "--routing-key", "bound-to-nothing", "--out", str(tmp_path / "out")],
+        capsys,
+    )  # fmt: skip
+    assert code == 1
+    assert "40 failed" in out and "unroutable" in out
+    assert received(queue) == []
+    # The failed folder is an archive of exactly those events: replaying it retries them.
+    code, out, _err = run_replay(
+        ["--archive", str(tmp_path / "out" / "failed"), "--exchange", exchange,
+         "--routing-key", "replayed", "--out", str(tmp_path / "retry")],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, out
+    assert sorted(e.key for e, _ in received(queue)) == sorted(e.key for e in made)
+
+
+def test_a_missing_exchange_is_exit_2_and_nothing_is_declared(
+    spark: Any, tmp_path: Path, capsys: Any
+) -> None:
+    write_archive(tmp_path / "archive", make_events(10))
+    missing = broker.unique("no-such-exchange")
+    code, _out, err = run_replay(
+        ["--archive", str(tmp_path / "archive"), "--exchange", missing], capsys
+    )
+    assert code == 2
+    assert f"--exchange {missing}: 404" in err
+    with broker.channel() as ch, pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        ch.exchange_declare(missing, passive=True)
+
+
+def test_bad_arguments_are_exit_2(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    code, _out, err = run_replay(["--archive", str(tmp_path / "nope"), "--exchange", ""], capsys)
+    assert code == 2 and "not a folder" in err
+    code, _out, err = run_replay(
+        ["--archive", str(tmp_path), "--exchange", "", "--since", "2026-11-21",
+         "--until", "2026-11-20"],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and "--since must be before --until" in err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["replay", "--archive", str(tmp_path), "--exchange", "", "--since", "yesterday"])
+    assert exit_info.value.code == 2
+    assert "not an ISO-8601" in capsys.readouterr().err
