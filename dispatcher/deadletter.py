@@ -25,7 +25,7 @@ log = get_logger()
 ERROR_DATA_CHARS = 1024
 # 768 bytes are exactly 1024 base64 characters.
 _ERROR_DATA_BYTES = ERROR_DATA_CHARS // 4 * 3
-_REASON_CHARS = 512
+REASON_CHARS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +44,11 @@ def dead_letter_event(event: Event, destination: str, failure: Failure) -> Event
         "knativeerrordata": base64.b64encode(failure.body[:_ERROR_DATA_BYTES]).decode("ascii"),
     }
     if failure.reason:
-        extensions["dispatchererror"] = _printable(failure.reason)[:_REASON_CHARS]
+        extensions["dispatchererror"] = printable(failure.reason)[:REASON_CHARS]
     return event.with_extensions(extensions)
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in text)
 
 

@@ -12,7 +12,9 @@ removes ``dispatcherarchived`` again before it publishes.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 from typing import Final
 
 from dateutil.parser import isoparse
@@ -26,7 +28,16 @@ ARCHIVED: Final = "dispatcherarchived"
 
 def to_line(event: Event, archived_at: dt.datetime) -> bytes:
     """The archive line for ``event`` (no newline)."""
-    return events.to_json(event.with_extensions({ARCHIVED: events.format_time(archived_at)}))
+    stamped = event.with_extensions({ARCHIVED: events.format_time(archived_at)})
+    line = events.to_json(stamped)
+    if b"\n" not in line and b"\r" not in line:
+        return line
+    # ``events.to_json`` splices JSON data in byte for byte, so a pretty-printed
+    # payload brings its line breaks along and would split the record (attribute
+    # values cannot: JSON escapes them). Such data goes as ``data_base64``,
+    # which the JSON event format allows for any data: one line, exact bytes.
+    document = {**stamped.attributes, "data_base64": base64.b64encode(event.data or b"").decode()}
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def from_line(line: str | bytes) -> Event:

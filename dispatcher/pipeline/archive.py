@@ -1,0 +1,539 @@
+"""``dispatcher archive``: drain a queue into date-partitioned JSON-lines files.
+
+Why it is built this way:
+
+- **Ack after fsync and rename.** A message is acked only once the file that
+  holds it is durable: written, flushed, fsynced, renamed into place, and its
+  folder fsynced. A crash (or a full disk) at any earlier point leaves the
+  message unacked and the broker redelivers it, so nothing acked is ever lost
+  (FIELD-NOTES invariant 1). The price is at-least-once: a crash between the
+  rename and the acks archives those messages again on the next run (their
+  CloudEvent ids are stable, and ``replay`` drops duplicate (source, id) pairs).
+- **Hidden temporary names.** A file is written as ``.part-….jsonl.tmp`` and
+  renamed to ``part-….jsonl``. Spark and ``replay`` skip hidden files and only
+  read ``*.jsonl``, so they never see a half-written file, and whatever a
+  killed archiver leaves behind is ignored.
+- **A batch is all or nothing.** If one of its files cannot be written, the
+  files of that batch already renamed are removed again and nothing is acked:
+  closing the connection gives every message of the batch back to the broker.
+- **Bounded wait.** A batch is written when it is full, when its oldest
+  message has waited ``FLUSH_INTERVAL`` (so a trickle is still archived and
+  acked within about a second), and when the run stops.
+- **Individual acks.** One ``basic_ack`` per message, never ``multiple=True``
+  (invariant 3): a multiple ack settles whatever else is unacked on the channel.
+- **Prefetch = batch size** (at most the ``--max-events`` still wanted), so the
+  broker never hands out more than one file's worth, and messages that were
+  prefetched but not archived are simply given back (rejected with requeue when
+  the consumer is cancelled, requeued by the broker when the connection closes).
+- **One thread, plain pika ``BlockingConnection``.** A batch command has nothing
+  else to do while it writes. The consume generator's inactivity timeout lets
+  the loop notice a stop request, idle time and the flush deadline; signal
+  handlers only set a flag.
+- **Every message is archived, nothing is dropped.** A message becomes an event
+  exactly as the service reads it; a non-CloudEvent is wrapped like the service
+  wraps it, a malformed one is wrapped too and says why in ``dispatchererror``.
+
+pika's exceptions are translated into ``ArchiveError`` here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+import pika
+import pika.exceptions
+
+from dispatcher import events, logs
+from dispatcher.broker_params import connection_parameters, virtual_host
+from dispatcher.config import BrokerSettings, load_broker_settings, redact_url
+from dispatcher.deadletter import REASON_CHARS, printable
+from dispatcher.errors import ConfigError, DispatcherError, EventError, NotACloudEvent
+from dispatcher.events import AmqpMessage, Event
+from dispatcher.pipeline import records
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+ERROR_EXTENSION: Final = "dispatchererror"
+# A partial batch is written once its oldest message has waited this long.
+FLUSH_INTERVAL: Final = 1.0
+# How often the consume loop wakes up when no message arrives.
+_POLL: Final = 0.2
+_MAX_PREFETCH: Final = 65535  # prefetch-count is a 16-bit field in AMQP 0-9-1
+_LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+_LOG_FORMATS: Final = ("json", "console")
+
+log = logs.get_logger()
+
+
+class ArchiveError(DispatcherError):
+    """The run could not finish. ``exit_code`` is the CLI's; ``result`` what was done before."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.result: ArchiveResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveResult:
+    archived: int  # events written into files (and acked, unless the run failed)
+    files: int
+    stopped: str  # "max-events", "idle", "stop" (signal or stop event) or "failed"
+
+
+# --------------------------------------------------------------------- message -> line
+
+
+def read_event(message: AmqpMessage, vhost: str, queue: str) -> Event:
+    """The event as the service reads it; bad input is wrapped with the reason, never raised."""
+    try:
+        return events.from_amqp(message)
+    except NotACloudEvent:
+        return events.wrap(message, vhost, queue)
+    except EventError as e:
+        return _wrapped(message, vhost, queue, f"malformed CloudEvent: {e.reason}")
+    except Exception as e:  # a mapping bug must not stop the drain or drop the message
+        log.exception("internal error while reading a message")
+        return _wrapped(message, vhost, queue, f"internal error: {type(e).__name__}: {e}")
+
+
+def _wrapped(message: AmqpMessage, vhost: str, queue: str, reason: str) -> Event:
+    reason = printable(reason)[:REASON_CHARS]
+    return events.wrap(message, vhost, queue).with_extensions({ERROR_EXTENSION: reason})
+
+
+def to_record(
+    message: AmqpMessage, vhost: str, queue: str, archived_at: dt.datetime
+) -> tuple[str, bytes]:
+    """(date folder, archive line without newline) for one message."""
+    event = read_event(message, vhost, queue)
+    try:
+        line = records.to_line(event, archived_at)
+    except Exception as e:  # same: archive the raw message rather than stop
+        log.exception("internal error while formatting an event")
+        event = _wrapped(message, vhost, queue, f"internal error: {type(e).__name__}: {e}")
+        line = records.to_line(event, archived_at)
+    return records.partition_date(event, archived_at), line
+
+
+# --------------------------------------------------------------------- files
+
+
+def part_name(now: dt.datetime) -> str:
+    """``part-<UTC yyyymmddThhmmssZ>-<12 hex>.jsonl``: sortable by time, unique."""
+    stamp = now.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"part-{stamp}-{uuid.uuid4().hex[:12]}.jsonl"
+
+
+def temp_name(final_name: str) -> str:
+    """The hidden name a file is written under; readers ignore it, and it is not ``*.jsonl``."""
+    return f".{final_name}.tmp"
+
+
+def prepare_out(out: Path) -> None:
+    """Create the archive folder if needed; ``ArchiveError`` (usage) if it cannot be used."""
+    try:
+        if not out.is_dir():
+            out.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(out.parent)
+    except OSError as e:
+        reason = _os_reason(e)
+        raise ArchiveError(f"--out {out}: cannot create the folder: {reason}", EXIT_USAGE) from e
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ArchiveError(f"--out {out}: folder is not writable", EXIT_USAGE)
+
+
+def write_batch(
+    out: Path, lines_by_date: Mapping[str, Sequence[bytes]], now: dt.datetime
+) -> list[Path]:
+    """Write one file per date folder, each durable before this returns; all or nothing.
+
+    On failure nothing of the batch is left behind (neither temporary files nor
+    files already renamed) and ``ArchiveError`` says what failed.
+    """
+    name = part_name(now)
+    written: list[Path] = []
+    try:
+        for date, lines in lines_by_date.items():
+            written.append(_write_file(_date_folder(out, date), name, lines))
+    except OSError as e:
+        for path in written:
+            _remove(path)
+        raise ArchiveError(f"cannot write the archive: {_os_reason(e)}") from e
+    return written
+
+
+def _date_folder(out: Path, date: str) -> Path:
+    folder = out / f"date={date}"
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        return folder  # if it is not a folder, creating the file in it fails
+    _fsync_dir(out)  # the new folder's entry must be durable too
+    return folder
+
+
+def _write_file(folder: Path, name: str, lines: Sequence[bytes]) -> Path:
+    final = folder / name
+    temp = folder / temp_name(name)
+    try:
+        with open(temp, "xb") as f:
+            f.write(b"".join(line + b"\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, final)
+    except BaseException:
+        _remove(temp)
+        raise
+    try:
+        _fsync_dir(folder)
+    except BaseException:
+        _remove(final)
+        raise
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        log.error("cannot remove a file of a failed batch", path=str(path), error=_os_reason(e))
+
+
+def _os_reason(error: OSError) -> str:
+    if error.strerror and error.filename:
+        return f"{error.filename}: {error.strerror}"
+    return str(error) or type(error).__name__
+
+
+# --------------------------------------------------------------------- broker
+
+
+@dataclass(slots=True)
+class _Batch:
+    started: float | None = None  # clock() when its first message arrived
+    tags: list[int] = field(default_factory=list)
+    lines: dict[str, list[bytes]] = field(default_factory=dict)
+
+    def add(self, tag: int, date: str, line: bytes, at: float) -> None:
+        if self.started is None:
+            self.started = at
+        self.tags.append(tag)
+        self.lines.setdefault(date, []).append(line)
+
+    def __len__(self) -> int:
+        return len(self.tags)
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def archive(
+    queue: str,
+    out: str | Path,
+    broker: BrokerSettings,
+    *,
+    max_events: int | None = None,
+    idle_exit: float | None = None,
+    batch_size: int = 1000,
+    stop: threading.Event | None = None,
+    flush_interval: float = FLUSH_INTERVAL,
+    clock: Callable[[], float] = time.monotonic,
+    now: Callable[[], dt.datetime] = _utc_now,
+) -> ArchiveResult:
+    """Drain ``queue`` into ``out`` until a stop condition; ``ArchiveError`` if it cannot.
+
+    Stops after ``max_events`` archived, after ``idle_exit`` seconds without a
+    message, or when ``stop`` is set; the batch in hand is written first.
+    """
+    if not queue:
+        raise ArchiveError("--queue: must not be empty", EXIT_USAGE)
+    if batch_size < 1 or (max_events is not None and max_events < 1):
+        raise ValueError("batch_size and max_events must be >= 1")
+    limits = _Limits(max_events, idle_exit, batch_size, flush_interval)
+    return _Run(queue, Path(out), broker, limits, stop or threading.Event(), clock, now).run()
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    max_events: int | None
+    idle_exit: float | None
+    batch_size: int
+    flush_interval: float
+
+
+class _Run:
+    def __init__(
+        self,
+        queue: str,
+        out: Path,
+        broker: BrokerSettings,
+        limits: _Limits,
+        stop: threading.Event,
+        clock: Callable[[], float],
+        now: Callable[[], dt.datetime],
+    ) -> None:
+        self.queue = queue
+        self.out = out
+        self.broker = broker
+        self.max_events = limits.max_events
+        self.idle_exit = limits.idle_exit
+        self.batch_size = limits.batch_size
+        self.flush_interval = limits.flush_interval
+        self.vhost = virtual_host(broker)
+        self.stop = stop
+        self.clock = clock
+        self.now = now
+        self.archived = 0
+        self.files = 0
+
+    def run(self) -> ArchiveResult:
+        prepare_out(self.out)
+        log.info(
+            "archive started",
+            queue=self.queue,
+            out=str(self.out),
+            broker=redact_url(self.broker.url),
+            batch_size=self.batch_size,
+            max_events=self.max_events,
+            idle_exit=self.idle_exit,
+        )
+        connection = self._connect()
+        try:
+            stopped = self._drain(connection)
+        except ArchiveError as e:
+            e.result = ArchiveResult(self.archived, self.files, "failed")
+            log.error("archive failed", error=e.message, archived=self.archived, files=self.files)
+            raise
+        finally:
+            _close(connection)  # whatever is still unacked goes back to the queue
+        log.info("archive stopped", reason=stopped, archived=self.archived, files=self.files)
+        return ArchiveResult(self.archived, self.files, stopped)
+
+    def _connect(self) -> Any:
+        where = redact_url(self.broker.url)
+        try:
+            params = connection_parameters(self.broker, "archive")
+        except OSError as e:  # TLS files that cannot be read or used
+            raise ArchiveError(f"broker.tls: {_os_reason(e)}", EXIT_USAGE) from e
+        try:
+            return pika.BlockingConnection(params)
+        except pika.exceptions.AMQPError as e:
+            raise ArchiveError(f"cannot connect to the broker at {where}: {_describe(e)}") from e
+
+    def _drain(self, connection: Any) -> str:
+        try:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=self._prefetch())
+            stopped = self._consume(channel)
+            channel.cancel()  # rejects (requeues) what was prefetched but not taken
+        except pika.exceptions.AMQPError as e:
+            raise self._broker_error(e) from e
+        return stopped
+
+    def _prefetch(self) -> int:
+        return min(self.batch_size, self.max_events or self.batch_size, _MAX_PREFETCH)
+
+    def _consume(self, channel: Any) -> str:
+        batch = _Batch()
+        last_message = self.clock()
+        for method, properties, body in channel.consume(self.queue, inactivity_timeout=_POLL):
+            if method is not None:
+                last_message = self.clock()
+                if not self.stop.is_set():  # once stopping, leave it to the broker
+                    batch.add(method.delivery_tag, *self._record(properties, body), last_message)
+            stopped = self._stop_reason(len(batch), last_message)
+            if stopped == "stop":
+                log.info("stop requested: writing the batch in hand", pending=len(batch))
+            if batch and (stopped or self._batch_due(batch)):
+                self._flush(channel, batch)
+                batch = _Batch()
+            if stopped:
+                return stopped
+        # The generator ends only when the broker cancels the consumer.
+        self._flush(channel, batch)
+        raise ArchiveError(
+            f"the broker cancelled the consumer of queue {self.queue!r} (queue deleted?) "
+            f"after {self.archived} events were archived"
+        )
+
+    def _record(self, properties: Any, body: bytes) -> tuple[str, bytes]:
+        message = AmqpMessage(
+            body,
+            properties.headers or {},
+            properties.content_type,
+            properties.message_id,
+            properties,
+        )
+        return to_record(message, self.vhost, self.queue, self.now())
+
+    def _stop_reason(self, in_batch: int, last_message: float) -> str | None:
+        if self.stop.is_set():
+            return "stop"
+        if self.max_events is not None and self.archived + in_batch >= self.max_events:
+            return "max-events"
+        if self.idle_exit is not None and self.clock() - last_message >= self.idle_exit:
+            return "idle"
+        return None
+
+    def _batch_due(self, batch: _Batch) -> bool:
+        if len(batch) >= self.batch_size:
+            return True
+        assert batch.started is not None
+        return self.clock() - batch.started >= self.flush_interval
+
+    def _flush(self, channel: Any, batch: _Batch) -> None:
+        if not batch:
+            return
+        written = write_batch(self.out, batch.lines, self.now())
+        self.files += len(written)
+        self.archived += len(batch)
+        log.debug("batch archived", events=len(batch), files=[str(p) for p in written])
+        # Only now is every message of the batch durable: settle each on its own.
+        for tag in batch.tags:
+            channel.basic_ack(delivery_tag=tag)
+
+    def _broker_error(self, error: pika.exceptions.AMQPError) -> ArchiveError:
+        code = getattr(error, "reply_code", None)
+        if isinstance(error, pika.exceptions.ChannelClosedByBroker) and code == 404:
+            return ArchiveError(
+                f"queue {self.queue!r} not found in vhost {self.vhost!r}: "
+                "archive drains an existing queue and never declares one",
+                EXIT_USAGE,
+            )
+        what = (
+            "the broker closed the channel"
+            if isinstance(error, pika.exceptions.AMQPChannelError)
+            else "lost the connection to the broker"
+        )
+        return ArchiveError(
+            f"{what} while draining queue {self.queue!r}: {_describe(error)}; "
+            f"{self.archived} events were archived, every message not acked stays in the "
+            "queue (some may be archived again)"
+        )
+
+
+def _describe(error: BaseException) -> str:
+    code = getattr(error, "reply_code", None)
+    text = getattr(error, "reply_text", None)
+    if code is not None and text:
+        return f"{text} ({code})"
+    if error.args and isinstance(error.args[0], BaseException):
+        return _describe(error.args[0])
+    return str(error) or type(error).__name__
+
+
+def _close(connection: Any) -> None:
+    with contextlib.suppress(Exception):  # a dead connection is closed enough
+        if connection.is_open:
+            connection.close()
+
+
+# --------------------------------------------------------------------- command
+
+
+def command(args: argparse.Namespace) -> int:
+    """``dispatcher archive``: config, logging, signals and exit codes around ``archive``."""
+    try:
+        broker = load_broker_settings(args.config, os.environ)
+        level, fmt = _log_settings(os.environ)
+    except ConfigError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    logs.configure(level, fmt)
+    stop = threading.Event()
+    restore = _install_signal_handlers(stop)
+    try:
+        result = archive(
+            args.queue,
+            args.out,
+            broker,
+            max_events=args.max_events,
+            idle_exit=args.idle_exit,
+            batch_size=args.batch_size,
+            stop=stop,
+        )
+    except ArchiveError as e:
+        _error(e.message)
+        if e.result is not None and e.result.archived:
+            _summary(e.result, args)  # what did get archived before the failure
+        return e.exit_code
+    except Exception as e:
+        log.exception("archive crashed")
+        _error(f"archive crashed: {type(e).__name__}: {e}")
+        return EXIT_FAILED
+    finally:
+        restore()
+    _summary(result, args)
+    return EXIT_OK
+
+
+def _log_settings(environ: Mapping[str, str]) -> tuple[str, str]:
+    level = environ.get("LOG_LEVEL", "info").strip().lower()
+    level = "warning" if level == "warn" else level
+    if level not in _LOG_LEVELS:
+        raise ConfigError("LOG_LEVEL", f"must be one of {', '.join(_LOG_LEVELS)}, got {level!r}")
+    fmt = environ.get("LOG_FORMAT", "json").strip().lower()
+    if fmt not in _LOG_FORMATS:
+        raise ConfigError("LOG_FORMAT", f"must be one of {', '.join(_LOG_FORMATS)}, got {fmt!r}")
+    return level, fmt
+
+
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGTERM/SIGINT set ``stop``; a second one exits at once. Returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # only the main thread may install handlers
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            os._exit(EXIT_FAILED)  # second signal: the operator wants out now
+        stop.set()
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {signum: signal.signal(signum, on_signal) for signum in signals}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+    return restore
+
+
+def _summary(result: ArchiveResult, args: argparse.Namespace) -> None:
+    events_word = "event" if result.archived == 1 else "events"
+    files_word = "file" if result.files == 1 else "files"
+    sys.stdout.write(
+        f"archived {result.archived} {events_word} into {result.files} {files_word} "
+        f"under {args.out} (queue {args.queue})\n"
+    )
+    sys.stdout.flush()
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"dispatcher: {message}\n")
+    sys.stderr.flush()

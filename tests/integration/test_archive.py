@@ -1,0 +1,457 @@
+"""`dispatcher archive` against the shared broker: what is archived, what stays, exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from dispatcher import events
+from dispatcher.config import BrokerSettings
+from dispatcher.events import AmqpMessage, Event
+from dispatcher.pipeline import records
+from dispatcher.pipeline.archive import ArchiveError, ArchiveResult, archive
+from tests.support import broker
+from tests.support.broker import event_headers, publish
+from tests.support.proxy import FaultProxy
+
+pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).resolve().parents[2]
+PART = re.compile(r"^part-\d{8}T\d{6}Z-[0-9a-f]{12}\.jsonl$")
+TEMP = re.compile(r"^\.part-\d{8}T\d{6}Z-[0-9a-f]{12}\.jsonl\.tmp$")
+SUMMARY = re.compile(r"^archived (\d+) events? into (\d+) files? under (.+) \(queue (.+)\)$")
+SETTINGS = BrokerSettings(url=broker.URL)
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    name = broker.unique("archive")
+    with broker.channel() as ch:
+        ch.queue_declare(name, durable=True)
+    yield name
+    with contextlib.suppress(Exception):  # a test may have deleted it already
+        broker.delete([name])
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def run_archive(queue: str, out: Path, timeout: float = 60, **options: Any) -> ArchiveResult:
+    """``archive`` in a thread, bounded: a run that does not return fails the test."""
+    found: list[ArchiveResult | BaseException] = []
+    stop = options.setdefault("stop", threading.Event())
+
+    def target() -> None:
+        try:
+            found.append(archive(queue, out, options.pop("broker", SETTINGS), **options))
+        except BaseException as e:  # handed to the test thread
+            found.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        stop.set()
+        thread.join(10)
+        raise AssertionError(f"archive did not return within {timeout}s")
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    return found[0]
+
+
+def fill(queue: str, ids: list[str], body: bytes = b'{"n":1}') -> None:
+    """Publish many events fast (no per-message confirm), then check they all arrived."""
+    with broker.channel() as ch:
+        for event_id in ids:
+            ch.basic_publish(
+                "",
+                queue,
+                body,
+                pika.BasicProperties(
+                    headers=event_headers(event_id),
+                    content_type="application/json",
+                    delivery_mode=2,
+                ),
+            )
+    broker.wait_until(
+        lambda: broker.queue_depth(queue) == len(ids), 60, f"{len(ids)} messages in {queue}"
+    )
+
+
+def part_files(out: Path) -> list[Path]:
+    """The archive's visible files; anything else must be a hidden temporary file."""
+    visible = []
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        assert re.fullmatch(r"date=\d{4}-\d{2}-\d{2}", path.parent.name), path
+        assert path.parent.parent == out, path
+        if PART.match(path.name):
+            visible.append(path)
+        else:
+            assert TEMP.match(path.name), f"unexpected file {path}"
+    return visible
+
+
+def read_archive(out: Path) -> list[tuple[Path, Event]]:
+    """Every line of every visible file, parsed and validated (a bad line fails the test)."""
+    found = []
+    for path in part_files(out):
+        data = path.read_bytes()
+        assert data.endswith(b"\n"), f"{path} does not end with a newline"
+        for number, line in enumerate(data.split(b"\n")[:-1], 1):
+            try:
+                found.append((path, records.from_line(line)))
+            except Exception as e:
+                raise AssertionError(f"{path}:{number} does not parse: {e}: {line[:200]!r}") from e
+    return found
+
+
+def remaining_ids(queue: str) -> list[str]:
+    """The ids of the messages left in the queue, once no consumer holds any unacked."""
+    broker.wait_until(
+        lambda: consumers(queue) == 0, 20, f"the archiver's consumer on {queue} to be gone"
+    )
+    return [props.headers["ce-id"] for props, _body in broker.get_all(queue)]
+
+
+def consumers(queue: str) -> int:
+    with broker.channel() as ch:
+        return int(ch.queue_declare(queue, passive=True).method.consumer_count)
+
+
+def utc_today() -> str:
+    return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------- what gets archived
+
+
+def test_every_kind_of_message_is_archived_in_its_date_folder_and_acked(queue, tmp_path):
+    ce = {"ce-specversion": "1.0", "ce-source": "/tests", "ce-type": "dev.tests.event"}
+    structured = {
+        "specversion": "1.0",
+        "id": "struct-1",
+        "source": "/tests",
+        "type": "dev.tests.event",
+        "time": "2026-03-04T12:00:00Z",
+        "datacontenttype": "application/json",
+        "data": {"k": [1, 2]},
+    }
+    publish(queue, b'{"n": 1}', {**ce, "ce-id": "bin-1", "ce-time": "2026-01-02T10:00:00Z"})
+    publish(queue, json.dumps(structured).encode(), content_type="application/cloudevents+json")
+    # 23:30 at UTC-2 is already the next day in UTC: folders are UTC dates.
+    publish(queue, b"{}", {**ce, "ce-id": "bin-offset", "ce-time": "2026-03-04T23:30:00-02:00"})
+    publish(queue, b"\xff\x00raw", {**ce, "ce-id": "bin-notime"}, "application/octet-stream")
+    publish(queue, b'{\n  "pretty": true\n}\n', {**ce, "ce-id": "bin-pretty"})
+    publish(queue, b"hello", None, "text/plain", message_id="plain-1")
+    publish(queue, b"no id", None, "text/plain")
+    no_source = {k: v for k, v in ce.items() if k != "ce-source"}
+    publish(queue, b"bad", {**no_source, "ce-id": "x"}, "text/plain", "bad-1")
+    digest = events.stable_digest(AmqpMessage(b"no id", {}, "text/plain"), queue)
+    before = utc_today()
+
+    result = run_archive(queue, tmp_path, idle_exit=1.0)
+
+    today = {before, utc_today()}
+    assert result == ArchiveResult(archived=8, files=result.files, stopped="idle")
+    archived = {event.id: (path.parent.name, event) for path, event in read_archive(tmp_path)}
+    assert len(archived) == 8, sorted(archived)
+    folders = {event_id: folder.removeprefix("date=") for event_id, (folder, _) in archived.items()}
+    assert folders.pop("bin-1") == "2026-01-02"
+    assert folders.pop("struct-1") == "2026-03-04"
+    assert folders.pop("bin-offset") == "2026-03-05"
+    assert set(folders.values()) <= today, folders  # no time attribute: the day it was archived
+    data = {event_id: event.data for event_id, (_, event) in archived.items()}
+    assert json.loads(data["bin-1"] or b"") == {"n": 1}
+    assert json.loads(data["struct-1"] or b"") == {"k": [1, 2]}
+    assert data["bin-notime"] == b"\xff\x00raw"
+    assert data["bin-pretty"] == b'{\n  "pretty": true\n}\n'  # one line, exact bytes
+    assert data["plain-1"] == b"hello" and data[digest] == b"no id" and data["bad-1"] == b"bad"
+    for wrapped in ("plain-1", digest, "bad-1"):
+        event = archived[wrapped][1]
+        assert event.type == events.WRAPPED_TYPE
+        assert event.source == f"rabbitmq://%2F/{queue}"
+    bad = archived["bad-1"][1].attributes
+    assert bad["dispatchererror"] == "malformed CloudEvent: missing required attribute(s): source"
+    assert "dispatchererror" not in archived["plain-1"][1].attributes
+    for _, event in archived.values():
+        assert records.ARCHIVED in event.attributes
+    assert broker.queue_depth(queue) == 0  # all acked: a close would have requeued the rest
+
+
+def test_max_events_archives_exactly_n_and_leaves_the_rest_in_the_queue(queue, tmp_path):
+    published = [f"m{i}" for i in range(25)]
+    fill(queue, published)
+
+    result = run_archive(queue, tmp_path, max_events=10, batch_size=4)
+
+    assert (result.archived, result.stopped) == (10, "max-events")
+    lines = read_archive(tmp_path)
+    assert all(len(p.read_bytes().splitlines()) <= 4 for p in part_files(tmp_path))
+    archived = [event.id for _, event in lines]
+    left = remaining_ids(queue)
+    assert len(archived) == 10 == len(set(archived))
+    assert len(left) == 15 == len(set(left))
+    assert set(archived) | set(left) == set(published)
+    assert not set(archived) & set(left)
+
+
+def test_max_events_below_the_batch_size_takes_only_what_it_needs(queue, tmp_path):
+    published = [f"m{i}" for i in range(20)]
+    fill(queue, published)
+
+    result = run_archive(queue, tmp_path, max_events=3)
+
+    assert (result.archived, result.files) == (3, 1)
+    archived = [event.id for _, event in read_archive(tmp_path)]
+    left = remaining_ids(queue)
+    assert sorted(archived + left) == sorted(published)
+    assert len(archived) == 3
+
+
+def test_idle_exit_returns_once_the_queue_has_been_idle_that_long(queue, tmp_path):
+    started = time.monotonic()
+
+    result = run_archive(queue, tmp_path, timeout=15, idle_exit=0.5)
+
+    took = time.monotonic() - started
+    assert result == ArchiveResult(archived=0, files=0, stopped="idle")
+    assert took >= 0.5, f"returned after {took:.2f}s, before being idle for 0.5s"
+    assert part_files(tmp_path) == []
+
+
+def test_a_partial_batch_is_written_after_the_flush_interval_while_running(queue, tmp_path):
+    fill(queue, ["a", "b", "c"])
+    stop = threading.Event()
+    result: list[ArchiveResult] = []
+    thread = threading.Thread(
+        target=lambda: result.append(archive(queue, tmp_path, SETTINGS, stop=stop)), daemon=True
+    )
+    thread.start()
+    try:
+        broker.wait_until(lambda: part_files(tmp_path), 10, "a part file of the partial batch")
+        assert thread.is_alive(), "archive returned without a stop condition"
+        assert sorted(e.id for _, e in read_archive(tmp_path)) == ["a", "b", "c"]
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive(), "archive did not return within 10s of the stop request"
+    assert result == [ArchiveResult(archived=3, files=1, stopped="stop")]
+    assert broker.queue_depth(queue) == 0
+
+
+# --------------------------------------------------------------------- failures
+
+
+def test_a_failed_write_acks_nothing_and_exits_1(queue, tmp_path):
+    fill(queue, ["a", "b", "c"])
+    (tmp_path / "date=2026-07-08").write_text("a file where the date folder should be")
+    fixed = dt.datetime(2026, 7, 8, 12, tzinfo=dt.UTC)  # events have no time: this day
+
+    with pytest.raises(ArchiveError) as caught:
+        run_archive(queue, tmp_path, idle_exit=5, now=lambda: fixed)
+
+    assert caught.value.exit_code == 1
+    assert "date=2026-07-08" in caught.value.message
+    assert caught.value.result == ArchiveResult(archived=0, files=0, stopped="failed")
+    assert sorted(remaining_ids(queue)) == ["a", "b", "c"]
+    assert [p.name for p in tmp_path.rglob("*")] == ["date=2026-07-08"]
+
+
+def test_a_lost_connection_stops_with_exit_1_and_loses_nothing(queue, tmp_path):
+    published = [f"m{i}" for i in range(300)]
+    fill(queue, published)
+    proxy = FaultProxy(5672)
+    settings = BrokerSettings(url=proxy.url)
+    stop = threading.Event()
+    outcome: list[BaseException | ArchiveResult] = []
+
+    def target() -> None:
+        try:
+            outcome.append(archive(queue, tmp_path, settings, batch_size=50, stop=stop))
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        broker.wait_until(lambda: part_files(tmp_path), 10, "a first part file")
+        proxy.reset_all()
+        thread.join(20)
+        assert not thread.is_alive(), "archive did not notice the lost connection within 20s"
+    finally:
+        stop.set()
+        thread.join(10)
+        proxy.close()
+
+    error = outcome[0]
+    assert isinstance(error, ArchiveError), error
+    assert error.exit_code == 1
+    assert "lost the connection to the broker" in error.message, error.message
+    archived = [event.id for _, event in read_archive(tmp_path)]
+    left = remaining_ids(queue)
+    assert set(published) <= set(archived) | set(left)  # duplicates allowed, loss is not
+
+
+def test_a_deleted_queue_ends_the_run_with_exit_1(queue, tmp_path):
+    fill(queue, ["a"])
+    stop = threading.Event()
+    outcome: list[BaseException | ArchiveResult] = []
+
+    def target() -> None:
+        try:
+            outcome.append(archive(queue, tmp_path, SETTINGS, stop=stop))
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        broker.wait_until(lambda: part_files(tmp_path), 10, "the part file")
+        broker.delete([queue])
+        thread.join(10)
+        assert not thread.is_alive(), "archive did not notice the cancelled consumer within 10s"
+    finally:
+        stop.set()
+        thread.join(10)
+    error = outcome[0]
+    assert isinstance(error, ArchiveError), error
+    assert error.exit_code == 1 and "cancelled the consumer" in error.message
+
+
+# --------------------------------------------------------------------- the real command
+
+
+def start_cli(*args: str, out: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "DISPATCHER_CONFIG"}
+    environ.update({"PYTHONPATH": str(ROOT), "RABBITMQ_URL": broker.URL, **(env or {})})
+    # Files, not pipes: a process that fills an unread pipe would block.
+    return subprocess.Popen(
+        [sys.executable, "-m", "dispatcher", "archive", *args],
+        cwd=ROOT,
+        env=environ,
+        stdout=(out / "stdout").open("w"),
+        stderr=(out / "stderr").open("w"),
+        text=True,
+    )
+
+
+def run_cli(*args: str, tmp_path: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    process = start_cli(*args, out=tmp_path, env=env)
+    try:
+        code = process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    return code, (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_an_interrupted_run_loses_nothing(queue, tmp_path, sig):
+    published = [f"e{i}" for i in range(20_000)]
+    fill(queue, published)
+    out = tmp_path / "archive"
+    process = start_cli("--queue", queue, "--out", str(out), "--batch-size", "200", out=tmp_path)
+    try:
+        # A few batches in: the signal lands mid-drain, most likely mid-batch.
+        broker.wait_until(
+            lambda: out.is_dir() and len(part_files(out)) >= 5, 30, "5 part files", 0.005
+        )
+        process.send_signal(sig)
+        code = process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+    stdout = (tmp_path / "stdout").read_text()
+    archived = [event.id for _, event in read_archive(out)]
+    left = remaining_ids(queue)
+    assert left, "the queue was drained before the signal: the test did not interrupt a run"
+    missing = set(published) - set(archived) - set(left)
+    assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
+    assert set(archived) | set(left) == set(published)
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+        return  # duplicates are allowed: files written but not yet acked are redelivered
+    assert code == 0, (tmp_path / "stderr").read_text()
+    assert not list(out.rglob("*.tmp")), "a clean stop leaves no temporary file"
+    assert len(archived) == len(set(archived)), "an event was archived twice"
+    assert not set(archived) & set(left), "an archived event is still in the queue"
+    summary = SUMMARY.match(stdout.splitlines()[-1])
+    assert summary, stdout[-500:]
+    assert int(summary[1]) == len(archived)
+    assert int(summary[2]) == len(part_files(out))
+
+
+def test_the_command_prints_a_summary_and_exits_0(queue, tmp_path):
+    fill(queue, ["a", "b"])
+    out = tmp_path / "archive"
+
+    code, stdout, stderr = run_cli(
+        "--queue", queue, "--out", str(out), "--idle-exit", "300ms", tmp_path=tmp_path
+    )
+
+    assert code == 0, stderr
+    assert stdout.splitlines()[-1] == f"archived 2 events into 1 file under {out} (queue {queue})"
+    assert sorted(event.id for _, event in read_archive(out)) == ["a", "b"]
+
+
+def test_a_missing_queue_exits_2_naming_the_queue(tmp_path):
+    missing = broker.unique("missing")
+
+    code, stdout, stderr = run_cli(
+        "--queue", missing, "--out", str(tmp_path / "a"), tmp_path=tmp_path
+    )
+
+    assert code == 2, stdout + stderr
+    assert f"queue '{missing}' not found" in stderr
+    assert "Traceback" not in stderr + stdout
+    with broker.channel() as ch, pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        ch.queue_declare(missing, passive=True)  # and it was not declared either
+
+
+def test_a_bad_broker_url_exits_2_naming_the_variable(tmp_path):
+    code, stdout, stderr = run_cli(
+        "--queue", "q", "--out", str(tmp_path / "a"), tmp_path=tmp_path,
+        env={"RABBITMQ_URL": "http://x"},
+    )  # fmt: skip
+
+    assert code == 2, stdout + stderr
+    assert stderr.startswith("dispatcher: RABBITMQ_URL: ")
+    assert "Traceback" not in stderr + stdout
+
+
+def test_an_unreachable_broker_exits_1_with_one_line_and_no_password(tmp_path):
+    url = f"amqp://guest:hunter2@127.0.0.1:{free_port()}/%2F"
+
+    code, stdout, stderr = run_cli(
+        "--queue", "q", "--out", str(tmp_path / "a"), tmp_path=tmp_path,
+        env={"RABBITMQ_URL": url},
+    )  # fmt: skip
+
+    assert code == 1, stdout + stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("dispatcher: cannot connect to the broker")
+    assert "guest:***@127.0.0.1" in stderr
+    assert "hunter2" not in stdout + stderr
