@@ -8,6 +8,8 @@ DEMO_PORT ?= 8080
 PYTEST_ARGS ?=
 # e.g. make bench BENCH_ARGS="--events 5000 --repeat 1"
 BENCH_ARGS ?=
+# e.g. make bench-pipeline PIPELINE_BENCH_ARGS="--lines 100000 --events 10000"
+PIPELINE_BENCH_ARGS ?=
 # Container image: an engine that builds Dockerfiles, the tag, and the base
 # (a Python 3.11 image; on machines that cannot pull, a locally made one).
 CONTAINER ?= podman
@@ -32,7 +34,7 @@ except OSError as e:
 endef
 export BROKER_CHECK_PY
 
-.PHONY: all venv run publish test test-unit test-faults bench lint clean distclean image image-smoke
+.PHONY: all venv run publish test test-unit test-faults bench bench-pipeline lint clean distclean image image-smoke
 
 all: venv
 
@@ -69,6 +71,11 @@ test-faults: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
+	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
+
+# The batch side alone: report over 1M log lines, replay of 100k events.
+bench-pipeline: $(VENV)/.installed
+	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dispatcher tests cmd

@@ -228,3 +228,19 @@ def test_bad_arguments_are_exit_2(spark: Any, tmp_path: Path, capsys: Any) -> No
         cli.main(["replay", "--archive", str(tmp_path), "--exchange", "", "--since", "yesterday"])
     assert exit_info.value.code == 2
     assert "not an ISO-8601" in capsys.readouterr().err
+
+
+def test_an_archive_with_no_files_publishes_nothing(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    exchange, queue = target
+    (tmp_path / "archive" / "date=2026-11-20").mkdir(parents=True)
+    (tmp_path / "archive" / "date=2026-11-20" / ".part-x.jsonl.tmp").write_text("{}\n")
+    code, out, err = run_replay(
+        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
+         "--routing-key", "replayed", "--out", str(tmp_path / "out")],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "published 0," in out and "of 0 lines" in out
+    assert received(queue) == []

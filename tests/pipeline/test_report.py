@@ -148,3 +148,13 @@ def test_without_pyspark_exit_2_with_advice(
     ):
         assert cli.main(argv) == 2
         assert "pip install 'dispatcher[pipeline]'" in capsys.readouterr().err
+
+
+def test_logs_without_a_single_delivery_record(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    logs = tmp_path / "console.log"
+    logs.write_text("".join(line + "\n" for line in delivery_logs.JUNK))
+    printed = run_report([str(logs)], tmp_path / "out", capsys)
+    assert f"0 delivery records, skipped {len(delivery_logs.JUNK)} " in printed
+    columns, rows = read_csv(tmp_path / "out" / "summary.csv")
+    assert (columns, rows) == (list(report.SUMMARY_COLUMNS), [])
+    assert (tmp_path / "out" / "report.png").read_bytes().startswith(PNG_SIGNATURE)
