@@ -46,13 +46,7 @@ def queue() -> Iterator[str]:
 
 def drain(queue: str) -> list[tuple[str, int]]:
     """(ce-id, delivery_mode) of every message in the queue, acked."""
-    got = []
-    with broker.channel() as ch:
-        while True:
-            method, properties, _body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append((properties.headers["ce-id"], properties.delivery_mode))
+    return [(p.headers["ce-id"], p.delivery_mode) for p, _body in broker.get_all(queue)]
 
 
 def params(url: str = broker.URL) -> pika.URLParameters:

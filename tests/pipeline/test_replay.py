@@ -81,14 +81,11 @@ def target() -> Iterator[tuple[str, str]]:
 
 
 def received(queue: str) -> list[tuple[Event, Any]]:
-    got = []
-    with broker.channel() as ch:
-        while True:
-            method, properties, body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            message = AmqpMessage(body, properties.headers or {}, properties.content_type)
-            got.append((events.from_amqp(message), properties))
+    """Every message in the queue read back as the service reads it, with its properties."""
+    return [
+        (events.from_amqp(AmqpMessage(body, p.headers or {}, p.content_type)), p)
+        for p, body in broker.get_all(queue)
+    ]
 
 
 def run_replay(argv: list[str], capsys: Any) -> tuple[int, str, str]:
