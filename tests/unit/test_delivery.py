@@ -6,12 +6,12 @@ import socket
 import threading
 import time
 
-import httpcore
 import pytest
 
 from dispatcher.config import DeliverySettings, TlsSettings
 from dispatcher.delivery import ERROR_BODY_LIMIT, HttpTarget, Result, ThreadClients
 from dispatcher.events import HttpRequestParts
+from dispatcher.http11 import Connections
 from tests.support.subscriber import Reply
 
 REQUEST = HttpRequestParts({"ce-id": "1"}, b"{}")
@@ -187,10 +187,10 @@ def test_each_thread_gets_its_own_client_and_close_closes_all():
     clients = ThreadClients(TlsSettings())
     mine = clients.get()
     assert clients.get() is mine
-    theirs: list[httpcore.ConnectionPool] = []
+    theirs: list[Connections] = []
     thread = threading.Thread(target=lambda: theirs.append(clients.get()))
     thread.start()
     thread.join()
     assert theirs[0] is not mine
     clients.close()
-    assert clients._all == []
+    assert clients._connections._all == []
