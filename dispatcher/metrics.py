@@ -136,7 +136,28 @@ class Metrics:
         self.stale_acks.labels(binding)
         self.duplicates_suppressed.labels(binding)
 
+    def binding(self, binding: str) -> BindingMetrics:
+        """The children of one binding, looked up once: ``labels()`` on every message
+        cost about 6 us of a delivery's CPU."""
+        self.register_binding(binding)
+        return BindingMetrics(self, binding)
+
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Current value of one sample (tests and probes); 0.0 when absent."""
         found = self.registry.get_sample_value(name, labels or {})
         return 0.0 if found is None else found
+
+
+class BindingMetrics:
+    """One binding's labelled metric children, for the per-message path."""
+
+    def __init__(self, metrics: Metrics, binding: str) -> None:
+        self.events = {o: metrics.events.labels(binding, o) for o in OUTCOMES}
+        self.attempts = {c: metrics.attempts.labels(binding, c) for c in CODE_CLASSES}
+        self.dispatch_duration = metrics.dispatch_duration.labels(binding)
+        self.inflight = metrics.inflight.labels(binding)
+        self.duplicates_suppressed = metrics.duplicates_suppressed.labels(binding)
+
+    def observe_attempt(self, status: int, seconds: float) -> None:
+        self.attempts[code_class(status)].inc()
+        self.dispatch_duration.observe(seconds)

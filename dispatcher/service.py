@@ -22,7 +22,7 @@ from dispatcher.delivery import HttpTarget, ThreadClients
 from dispatcher.errors import ConfigError
 from dispatcher.handler import Action, Delivery, Handler
 from dispatcher.logs import get_logger
-from dispatcher.metrics import Metrics, code_class
+from dispatcher.metrics import BindingMetrics, Metrics
 from dispatcher.pool import WorkerPool
 from dispatcher.publisher import Publisher
 from dispatcher.reply import Replier
@@ -76,13 +76,14 @@ class Service:
     def _add_binding(self, binding: BindingSettings, client: ThreadClients, vhost: str) -> None:
         workers = 1 if binding.ordered else binding.parallelism
         self.metrics.delivery_timeout.labels(binding.name).set(binding.delivery.timeout)
+        metrics = self.metrics.binding(binding.name)
         publish_timeout = binding.delivery.timeout
         subscriber = HttpTarget(
             client,
             binding.subscriber,
             binding.delivery,
             self._give_up,
-            observe=partial(self._observe_attempt, binding.name),
+            observe=metrics.observe_attempt,
             max_response_bytes=binding.max_body_size,
         )
         sink = (
@@ -111,22 +112,20 @@ class Service:
                 binding.reply, binding.content_mode, reply_target, self.publisher, publish_timeout
             ),
             DedupeStore(binding.dedupe_window),
-            self.metrics,
+            metrics,
             self._give_up,
         )
         pool: WorkerPool[Delivery] = WorkerPool(
-            f"worker-{binding.name}", workers, partial(self._work, binding.name, handler)
+            f"worker-{binding.name}", workers, partial(self._work, binding.name, metrics, handler)
         )
         self._pools.append(pool)
         self.supervisor.add_binding(binding, pool.submit)
 
-    def _observe_attempt(self, binding: str, status: int, seconds: float) -> None:
-        self.metrics.attempts.labels(binding, code_class(status)).inc()
-        self.metrics.dispatch_duration.labels(binding).observe(seconds)
-
-    def _work(self, binding: str, handler: Handler, delivery: Delivery) -> None:
+    def _work(
+        self, binding: str, metrics: BindingMetrics, handler: Handler, delivery: Delivery
+    ) -> None:
         action = Action.LEAVE
-        self.metrics.inflight.labels(binding).inc()
+        metrics.inflight.inc()
         try:
             action = handler.handle(delivery)
         except Exception:
@@ -135,7 +134,7 @@ class Service:
             log.exception("handler failed", binding=binding)
             action = Action.LEAVE if self._give_up.wait(1.0) else Action.REQUEUE
         finally:
-            self.metrics.inflight.labels(binding).dec()
+            metrics.inflight.dec()
             self.supervisor.settle(binding, delivery, action)
 
     # ----------------------------------------------------------------- lifecycle
