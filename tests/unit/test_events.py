@@ -328,3 +328,16 @@ def test_the_last_of_repeated_data_members_wins_as_in_json_loads():
     body = b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":1,"data": [2]}'
     message = AmqpMessage(body, {}, "application/cloudevents+json")
     assert events.from_amqp(message).data == b"[2]"
+
+
+def test_validation_verdicts_do_not_depend_on_what_was_seen_before():
+    # Accepted names are remembered; an empty value or a bad name must still be refused.
+    good = {"specversion": "1.0", "id": "1", "source": "/s", "type": "t", "subject": "x"}
+    assert events.validated(dict(good), None).id == "1"
+    assert events.validated(dict(good), None).id == "1"
+    with pytest.raises(EventError, match="subject"):
+        events.validated({**good, "subject": ""}, None)
+    with pytest.raises(EventError, match="Bad_Name"):
+        events.validated({**good, "Bad_Name": "v"}, None)
+    with pytest.raises(EventError, match="Bad_Name"):
+        events.validated({**good, "Bad_Name": "v"}, None)
