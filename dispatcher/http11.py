@@ -27,6 +27,7 @@ import contextlib
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ _MAX_HEAD: Final = 64 * 1024  # status line and headers of a response, at most
 _RECV: Final = 65536
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
 _FORBIDDEN_IN_HEADERS: Final = ("\r", "\n", "\0")
+_FRESH: Final = 0.05  # seconds idle below which a kept connection is not re-checked
 
 
 class HttpError(Exception):
@@ -86,17 +88,46 @@ class Response:
 
 
 class _Connection:
-    __slots__ = ("buffer", "origin", "sock")
+    """One socket. Plain TCP runs in blocking mode with kernel send/receive timeouts
+    (``SO_SNDTIMEO``/``SO_RCVTIMEO``), set only when the budget changes: Python's
+    own socket timeouts cost an ``ioctl`` and a ``poll`` around every send and
+    receive, each a GIL release that 50 busy threads then fight over. TLS
+    sockets keep Python's timeouts (a kernel timeout would surface mid-record)."""
 
-    def __init__(self, sock: socket.socket, origin: Origin) -> None:
+    __slots__ = ("armed", "buffer", "idle_since", "origin", "sock", "tls")
+
+    def __init__(self, sock: socket.socket, origin: Origin, tls: bool) -> None:
         self.sock = sock
         self.origin = origin
+        self.tls = tls
         self.buffer = b""  # bytes received beyond the previous response (none, normally)
+        self.armed = 0.0  # the kernel timeouts now set (plain TCP)
+        self.idle_since = 0.0
+        if not tls:
+            sock.settimeout(None)
 
-    def quiet(self) -> bool:
-        """Still usable: nothing to read on an idle connection (EOF or stray bytes mean no)."""
+    def arm(self, remaining: float) -> None:
+        """Let no single send or receive wait past ``remaining`` seconds (give or take 10%)."""
+        if self.tls:
+            self.sock.settimeout(remaining)
+        elif not 0.9 * self.armed <= remaining <= self.armed:
+            seconds = int(remaining)
+            value = struct.pack("ll", seconds, int((remaining - seconds) * 1e6) or 1)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+            self.armed = remaining
+
+    def quiet(self, now: float) -> bool:
+        """Still usable: nothing to read on an idle connection (EOF or stray bytes mean no).
+
+        Not asked of a connection idle for less than ``_FRESH``: a server closes
+        idle connections after seconds, and a request on one it closed in that
+        instant fails like any other attempt (and is retried).
+        """
         if self.buffer:
             return False
+        if now - self.idle_since < _FRESH:
+            return True
         try:
             readable, _, _ = select.select([self.sock], [], [], 0)
         except (OSError, ValueError):
@@ -164,12 +195,13 @@ class Connections:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.quiet():
+            if connection.quiet(self._clock()):
                 return connection
             connection.close()
         return self._connect(origin, deadline)
 
     def _checkin(self, connection: _Connection) -> None:
+        connection.idle_since = self._clock()
         idle = self._idle.setdefault(connection.origin, [])
         if len(idle) < self._keep:
             idle.append(connection)
@@ -197,7 +229,7 @@ class Connections:
         except (OSError, ssl.SSLError) as e:
             sock.close()
             raise HttpError(f"TLS handshake failed: {_describe(e)}") from None
-        return _Connection(sock, origin)
+        return _Connection(sock, origin, tls=origin.scheme == "https")
 
     def _remaining(self, deadline: float) -> float:
         remaining = deadline - self._clock()
@@ -209,18 +241,18 @@ class Connections:
 
     def _send(self, connection: _Connection, request: bytes, deadline: float) -> None:
         try:
-            connection.sock.settimeout(self._remaining(deadline))
+            connection.arm(self._remaining(deadline))
             connection.sock.sendall(request)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             raise HttpError("send timed out", timeout=True) from None
         except OSError as e:
             raise HttpError(f"send failed: {_describe(e)}") from None
 
     def _recv(self, connection: _Connection, deadline: float) -> bytes:
         try:
-            connection.sock.settimeout(self._remaining(deadline))
+            connection.arm(self._remaining(deadline))
             return connection.sock.recv(_RECV)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             raise HttpError("timed out waiting for the response", timeout=True) from None
         except OSError as e:
             raise HttpError(f"receive failed: {_describe(e)}") from None

@@ -138,13 +138,15 @@ def test_an_idle_connection_closed_by_the_server_is_replaced_not_failed(serve) -
     # The server answers keep-alive, then closes the idle connection anyway
     # (as servers do on their keep-alive timeout): the next request must not fail.
     server = serve(answer(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", keep=False))
-    client = Connections(None)
+    now = [100.0]
+    client = Connections(None, clock=lambda: now[0])
     post(server, client)
+    idle = client._idle[server.origin][0]
     for _ in range(200):  # bounded wait for the server's FIN to arrive
-        idle = client._idle[server.origin][0]
-        if not idle.quiet():
+        if not idle.quiet(float("inf")):
             break
         threading.Event().wait(0.005)
+    now[0] += 1.0  # idle for a second: long enough to be checked before reuse
     assert post(server, client).status == 200
     assert server.connections == 2
 
