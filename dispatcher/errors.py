@@ -1,6 +1,6 @@
 """The one exception hierarchy of dispatcher.
 
-Third-party errors (pika, httpx, yaml, cloudevents) are translated into these
+Third-party errors (pika, sockets, yaml, cloudevents) are translated into these
 where they enter the package, and nowhere else::
 
     DispatcherError

@@ -71,7 +71,7 @@ def test_per_attempt_timeout_is_retried_as_minus_one(client, make_subscriber):
 
 
 def test_slow_drip_body_is_cut_at_the_attempt_budget(client):
-    """httpx timeouts are per read; our clock bounds the whole attempt."""
+    """Socket timeouts are per read; our clock bounds the whole attempt."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
