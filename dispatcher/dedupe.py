@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 Key = tuple[str, str]  # (source, id)
@@ -34,10 +34,15 @@ DEFAULT_CAPACITY = 100_000
 
 @dataclass(slots=True)
 class Claim:
-    """An attempt in flight; waiters block on ``done`` and then read ``settled``."""
+    """An attempt in flight; waiters block on ``done`` and then read ``settled``.
+
+    ``done`` is made by the first waiter (under the store's lock), not for
+    every claim: waiters are rare, and an Event (a lock and a condition) was a
+    measurable part of each message's cost.
+    """
 
     key: Key
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event | None = None
     settled: bool = False
 
 
@@ -78,8 +83,11 @@ class DedupeStore:
                 holder = self._in_flight.get(key)
                 if holder is None:
                     return self._new_claim(key)
+                if holder.done is None:
+                    holder.done = threading.Event()
+                done = holder.done
             # Poll the shutdown flag too: a waiter must not outlive the grace period.
-            while not holder.done.wait(min(0.5, max(0.0, deadline - self._clock()))):
+            while not done.wait(min(0.5, max(0.0, deadline - self._clock()))):
                 if give_up.is_set() or self._clock() >= deadline:
                     return "busy"
             if holder.settled:
@@ -104,8 +112,12 @@ class DedupeStore:
                 self._settled.move_to_end(claim.key)
                 while len(self._settled) > self._capacity:
                     self._settled.popitem(last=False)
-        claim.settled = settled
-        claim.done.set()
+            # Under the lock: a waiter either made ``done`` already or will not
+            # find this claim any more (it is no longer in flight).
+            claim.settled = settled
+            done = claim.done
+        if done is not None:
+            done.set()
 
     def __len__(self) -> int:
         with self._lock:
