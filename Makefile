@@ -6,7 +6,8 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 CONFIG ?= config/dispatcher.yaml
 DEMO_PORT ?= 8080
 PYTEST_ARGS ?=
-# e.g. make bench BENCH_ARGS="--events 5000 --repeat 1"
+# e.g. make bench BENCH_ARGS="--workloads W1,W3 --contenders dispatcher,b --repeat 1"
+# (--quick: a smoke run). The service suite needs nginx: apt-get install -y nginx-light
 BENCH_ARGS ?=
 # e.g. make bench-pipeline PIPELINE_BENCH_ARGS="--lines 100000 --events 10000"
 PIPELINE_BENCH_ARGS ?=
@@ -69,7 +70,13 @@ test-unit: $(VENV)/.installed
 test-faults: $(VENV)/.installed
 	$(PY) -m pytest -m fault $(PYTEST_ARGS)
 
-bench: $(VENV)/.installed
+# The benchmarks' own dependencies (aio-pika, aiohttp): only `make bench` installs them.
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[dev,pipeline,bench]'
+	touch $@
+
+# The service suite (W1-W5, tests/bench/run.py), then the batch side.
+bench: $(VENV)/.bench-installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
 

@@ -1,179 +1,169 @@
-"""`make bench`: delivered msg/s of `dispatcher run` on one binding.
+"""`make bench` (service side): `dispatcher run` against reference consumers, W1-W5 of issue 7.
 
-W1 of the benchmark plan: a fast local subscriber (202 at once), N persistent
-1 KB CloudEvents pre-loaded, parallelism 50. Repeated R times; prints a
-Markdown table with the median and min-max. Checks, not assumes, that every
-event arrived once and the queue was left empty.
+Method. Every contender is a process of its own, started fresh for every run
+against a fresh queue and a fresh subscriber on this machine (whose CPUs the
+broker, subscriber and contender share):
 
-    python tests/bench/run.py [--events 20000] [--parallelism 50] [--repeat 3]
+- ``dispatcher run --config <generated yaml>``, one binding, as users run it;
+- (a) pika BlockingConnection + synchronous httpx.Client, one message at a time;
+- (b) aio-pika + aiohttp, one asyncio task per message;
+- ceilings: pika with auto-ack and no HTTP (what one pika consumer can take
+  off the queue), and the HTTP client alone against the same subscriber
+  (aiohttp at the workload's concurrency; one httpx.Client shared by as many
+  threads).
+
+Events are persistent binary-mode CloudEvents with 1,024 bytes of JSON data.
+Subscribers are nginx (W1, W4, W5: ``return 202``) or an asyncio server (W2,
+W3: optional delay, microsecond timestamps); both log every receipt, and all
+figures come from those logs and /proc, never from the contenders:
+
+- msg/s: distinct events / (last first-receipt - first receipt + the
+  subscriber's delay), so W3's ideal is exactly 1,000;
+- CPU s / 1k events: utime+stime of the contender's process tree between the
+  first and the last receipt; events / CPU s is its inverse;
+- peak RSS: VmHWM summed over the tree; W4 also samples VmRSS every 0.5 s;
+- duplicates, missing and unexpected ids against the published ids, and the
+  messages left in the queue once the contender has stopped (SIGTERM; it must
+  exit 0). Any of these fails the workload (exit 1, no table), except W5's
+  duplicates, which are counted;
+- W2 latency: subscriber receipt time minus the publish time the bench put in
+  the ``ce-benchpublished`` extension, p50 and p99 over all events.
+
+Repetitions are interleaved (A B C A B C); tables show the median and min-max.
+Tables go to stdout and to ``.bench/latest.md``; run directories (configs,
+logs) to ``.bench/work/``.
+
+    python tests/bench/run.py [--workloads W1,W3] [--contenders dispatcher,b]
+                              [--repeat N] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import fcntl
 import os
-import statistics
+import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-import uuid
 from pathlib import Path
+from typing import IO
 
-import pika
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-ROOT = Path(__file__).resolve().parents[2]
-URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from tests.bench import queues, report
+from tests.bench.harness import CHILDREN, ROOT, BenchError
+from tests.bench.lineup import KEYS
+from tests.bench.sinks import NGINX_HELP, nginx_available
+from tests.bench.workloads import Workload, catalogue, run_workload
 
-
-def preload(queue: str, count: int) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(URL))
-    channel = connection.channel()
-    channel.queue_declare(queue, durable=True)
-    channel.confirm_delivery()
-    body = json.dumps({"pad": "x" * 1000}).encode()[:1024]
-    for i in range(count):
-        channel.basic_publish(
-            "",
-            queue,
-            body,
-            pika.BasicProperties(
-                headers={
-                    "ce-specversion": "1.0",
-                    "ce-id": f"bench-{i}",
-                    "ce-source": "/bench",
-                    "ce-type": "dev.dispatcher.bench",
-                },
-                content_type="application/json",
-                delivery_mode=2,
-            ),
-        )
-    connection.close()
+OUT = ROOT / ".bench"
 
 
-def stats(port: int) -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as response:
-        received, duplicates = response.read().split()
-    return int(received), int(duplicates)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="W1,W2,W3,W4,W5", help="comma-separated")
+    parser.add_argument("--contenders", default=",".join(KEYS), help=f"from {','.join(KEYS)}")
+    parser.add_argument("--repeat", type=int, help="runs per contender (default: W1/W5 3, else 1)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
+    args = parser.parse_args(argv)
+    args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    args.contenders = {c.strip() for c in args.contenders.split(",") if c.strip()}
+    unknown = [w for w in args.workloads if w not in catalogue(False)]
+    unknown += sorted(args.contenders - set(KEYS))
+    if unknown:
+        parser.error(f"unknown workloads or contenders: {', '.join(unknown)}")
+    return args
 
 
-def cpu_and_rss(pid: int) -> tuple[float, int]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
-    hwm = next(
-        line
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        if line.startswith("VmHWM")
-    )
-    return cpu, int(hwm.split()[1]) // 1024
+def selected(args: argparse.Namespace) -> list[Workload]:
+    workloads = catalogue(args.quick)
+    chosen = [workloads[key].select(args.contenders, args.repeat) for key in args.workloads]
+    return [w for w in chosen if w.contenders]
 
 
-def queue_left(queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(URL))
+def nginx_version() -> str:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    done = subprocess.run([nginx, "-v"], capture_output=True, text=True, check=False)
+    return done.stderr.strip().replace("nginx version: ", "") or "nginx ?"
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_suite(workloads: list[Workload], sections: list[str]) -> None:
+    work = OUT / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    for workload in workloads:
+        results = run_workload(workload, work, say)
+        section = report.table(workload, results)
+        sections.append(section)
+        print(section, flush=True)
+
+
+def lock_or_exit() -> IO[str]:
+    """One bench at a time: two would measure each other (and share .bench/work)."""
+    OUT.mkdir(exist_ok=True)
+    lock = open(OUT / "run.lock", "a+")  # noqa: SIM115 (held until the process exits)
     try:
-        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        raise SystemExit(
+            f"bench: another tests/bench/run.py is running (pid {holder}); two at once on "
+            "this machine would measure each other. Wait for it, or stop it."
+        ) from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
+def write_latest(sections: list[str]) -> None:
+    OUT.mkdir(exist_ok=True)
+    (OUT / "latest.md").write_text("\n".join(sections))
+
+
+def on_sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workloads = selected(args)
+    if any(w.needs_nginx for w in workloads) and not nginx_available():
+        say(NGINX_HELP)
+        return 2
+    lock = lock_or_exit()
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
+    started = time.monotonic()
+    sections = [report.header(queues.broker_version(), nginx_version()) + "\n"]
+    print(sections[0], flush=True)
+    status = 0
+    try:
+        run_suite(workloads, sections)
+    except BenchError as e:
+        say(f"\nbench: FAILED, no figures reported for this workload: {e}")
+        sections.append(f"**FAILED**: {e}\n")
+        status = 1
+    except KeyboardInterrupt:
+        say("\nbench: interrupted; .bench/latest.md left as it was")
+        status = 130
     finally:
-        connection.close()
-
-
-def one_run(events: int, parallelism: int) -> dict[str, float]:
-    queue = f"bench-{uuid.uuid4().hex[:8]}"
-    subscriber = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests/bench/fast_subscriber.py")],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    port = int(subscriber.stdout.readline())  # type: ignore[union-attr]
-    preload(queue, events)
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "bench.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "broker": {"url": URL},
-                    "http": {"listen": "127.0.0.1:0"},
-                    "bindings": [
-                        {
-                            "name": "bench",
-                            "queue": queue,
-                            "subscriber": f"http://127.0.0.1:{port}/",
-                            "parallelism": parallelism,
-                        }
-                    ],
-                }
-            )
-        )
-        log = open(Path(tmp) / "log.jsonl", "w")  # noqa: SIM115
-        started = time.monotonic()
-        service = subprocess.Popen(
-            [sys.executable, "-m", "dispatcher", "run", "--config", str(config)],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            first = None
-            while True:
-                received, duplicates = stats(port)
-                if received and first is None:
-                    first = time.monotonic()
-                if received >= events:
-                    break
-                if time.monotonic() - started > 600:
-                    raise SystemExit(f"bench: only {received}/{events} delivered in 600 s")
-                time.sleep(0.02)
-            elapsed = time.monotonic() - (first or started)
-            cpu, rss = cpu_and_rss(service.pid)
-        finally:
-            service.terminate()
-            service.wait(30)
-            log.close()
-            subscriber.terminate()
-    left = queue_left(queue)
-    connection = pika.BlockingConnection(pika.URLParameters(URL))
-    connection.channel().queue_delete(queue)
-    connection.close()
-    return {
-        "msg_s": events / elapsed,
-        "cpu_per_1k": cpu / events * 1000,
-        "rss_mb": rss,
-        "duplicates": duplicates,
-        "missing": events - (received - duplicates),
-        "left": left,
-    }
-
-
-def summary(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=20_000)
-    parser.add_argument("--parallelism", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
-    runs = [one_run(args.events, args.parallelism) for _ in range(args.repeat)]
-    print(
-        f"\nW1: {args.events} persistent 1 KB events, parallelism {args.parallelism}, "
-        f"fast local subscriber, {args.repeat} runs (median, min-max)\n"
-    )
-    print(
-        "| contender | msg/s | CPU s / 1k events | peak RSS MB "
-        "| duplicates | missing | left in queue |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    print(
-        f"| dispatcher run | {summary([r['msg_s'] for r in runs], '.0f')} "
-        f"| {summary([r['cpu_per_1k'] for r in runs], '.3f')} "
-        f"| {summary([r['rss_mb'] for r in runs], '.0f')} "
-        f"| {sum(r['duplicates'] for r in runs):.0f} | {sum(r['missing'] for r in runs):.0f} "
-        f"| {sum(r['left'] for r in runs):.0f} |"
-    )
+        CHILDREN.kill_all()
+        queues.delete_all()
+    elapsed = f"Whole run: {(time.monotonic() - started) / 60:.1f} min."
+    print(elapsed, flush=True)
+    if status != 130:
+        write_latest([*sections, elapsed + "\n"])
+        say(f"bench: tables written to {OUT / 'latest.md'}")
+    lock.close()
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

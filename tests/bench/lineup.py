@@ -1,0 +1,115 @@
+"""The contenders: how each is launched, as one or more processes of its own.
+
+``dispatcher`` is ``dispatcher run --config <generated yaml>`` exactly as a user
+runs it (JSON delivery logs at info level, to a file). The reference
+consumers and ceilings are the scripts in ``tests/bench/contenders/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from tests.bench.harness import PYTHON, ROOT
+from tests.bench.queues import URL
+
+SCRIPTS: Final = ROOT / "tests/bench/contenders"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What a contender is pointed at in one run."""
+
+    queue: str
+    subscriber: str
+    parallelism: int
+    workdir: Path
+    ids_file: Path
+    receipt_log: Path
+
+
+def dispatcher_config(launch: Launch, index: int) -> Path:
+    binding = {
+        "name": "bench",
+        "queue": launch.queue,
+        "subscriber": launch.subscriber,
+        "parallelism": launch.parallelism,
+        "delivery": {"retry": 5, "timeout": "10s"},
+    }
+    config = {"broker": {"url": URL}, "http": {"listen": "127.0.0.1:0"}, "bindings": [binding]}
+    path = launch.workdir / f"dispatcher-{index}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _dispatcher(launch: Launch, index: int) -> list[str]:
+    return [PYTHON, "-m", "dispatcher", "run", "--config", str(dispatcher_config(launch, index))]
+
+
+def _pika_httpx(launch: Launch, _index: int) -> list[str]:
+    script = str(SCRIPTS / "pika_httpx.py")
+    return [
+        PYTHON,
+        script,
+        "--url",
+        URL,
+        "--queue",
+        launch.queue,
+        "--subscriber",
+        launch.subscriber,
+    ]
+
+
+def _aiopika_aiohttp(launch: Launch, _index: int) -> list[str]:
+    script = str(SCRIPTS / "aiopika_aiohttp.py")
+    target = ["--queue", launch.queue, "--subscriber", launch.subscriber]
+    return [PYTHON, script, "--url", URL, *target, "--parallelism", str(launch.parallelism)]
+
+
+def _pika_autoack(launch: Launch, _index: int) -> list[str]:
+    script = str(SCRIPTS / "pika_autoack.py")
+    return [PYTHON, script, "--url", URL, "--queue", launch.queue, "--log", str(launch.receipt_log)]
+
+
+def _http_only(script: str) -> Callable[[Launch, int], list[str]]:
+    def argv(launch: Launch, _index: int) -> list[str]:
+        target = ["--subscriber", launch.subscriber, "--ids", str(launch.ids_file)]
+        return [PYTHON, str(SCRIPTS / script), *target, "--concurrency", str(launch.parallelism)]
+
+    return argv
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    key: str  # what --contenders selects
+    label: str  # the table's first column
+    argv: Callable[[Launch, int], list[str]]
+    consumes: bool = True  # False: posts straight to the subscriber, no broker
+    self_logging: bool = False  # writes its own receipt log (no subscriber involved)
+    processes: int = 1
+
+    def commands(self, launch: Launch) -> list[list[str]]:
+        return [self.argv(launch, index) for index in range(self.processes)]
+
+
+DISPATCHER: Final = Contender("dispatcher", "dispatcher run", _dispatcher)
+DISPATCHER_X2: Final = Contender("dispatcher", "dispatcher run x2", _dispatcher, processes=2)
+PIKA_HTTPX: Final = Contender("a", "(a) pika + httpx.Client, sequential", _pika_httpx)
+AIOPIKA_AIOHTTP: Final = Contender("b", "(b) aio-pika + aiohttp, tasks", _aiopika_aiohttp)
+PIKA_AUTOACK: Final = Contender(
+    "pika-autoack", "ceiling: pika auto-ack, no HTTP", _pika_autoack, self_logging=True
+)
+HTTP_AIOHTTP: Final = Contender(
+    "aiohttp", "ceiling: aiohttp alone, no broker", _http_only("http_aiohttp.py"), consumes=False
+)
+HTTP_HTTPX_THREADS: Final = Contender(
+    "httpx-threads",
+    "ceiling: httpx.Client shared by N threads, no broker",
+    _http_only("http_httpx_threads.py"),
+    consumes=False,
+)
+KEYS: Final = ("dispatcher", "a", "b", "pika-autoack", "aiohttp", "httpx-threads")

@@ -1,0 +1,147 @@
+"""Markdown for the results: a header line about the machine, one table per workload.
+
+Figures are medians over the repetitions, with min-max in parentheses when
+there was more than one; duplicates, missing and left-in-queue are totals.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Callable
+from typing import Final
+
+from tests.bench.harness import ROOT
+from tests.bench.runner import Result
+from tests.bench.workloads import Workload
+
+# Flat: RSS may grow this much from the 50% mark to the end. Measured from half-way, not
+# from the start, so that bounded warm-up (the dispatcher's dedupe memory fills up to
+# 100,000 events) does not count as growth; the four marks are printed beside it.
+FLAT_GROWTH: Final = 0.05
+
+Column = tuple[str, Callable[[list[Result]], str]]
+
+
+def stat(values: list[float], fmt: str) -> str:
+    median = f"{statistics.median(values):{fmt}}"
+    if len(values) == 1:
+        return median
+    return f"{median} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def _git() -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    return commit + (" + uncommitted changes" if git("status", "--porcelain") else "")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():  # noqa: SIM115
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def header(broker_version: str, nginx_version: str) -> str:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"Machine: {os.cpu_count()} CPUs ({_cpu_model()}), shared by broker, subscriber "
+        f"and contender · RabbitMQ {broker_version} · Python {platform.python_version()} · "
+        f"{nginx_version} · {now} · commit {_git()}"
+    )
+
+
+def _total(pick: Callable[[Result], int | None]) -> Callable[[list[Result]], str]:
+    def cell(results: list[Result]) -> str:
+        values = [pick(r) for r in results]
+        return "n/a" if None in values else f"{sum(v or 0 for v in values):,}"
+
+    return cell
+
+
+def _median_marks(results: list[Result]) -> list[float]:
+    return [statistics.median(r.rss_by_progress[i] for r in results) for i in range(4)]
+
+
+def _flat(results: list[Result]) -> str:
+    marks = _median_marks(results)
+    growth = max(marks[2:]) / marks[1] - 1 if marks[1] else 0.0
+    return f"{'yes' if growth <= FLAT_GROWTH else 'no'} ({growth:+.1%})"
+
+
+def _rss_marks(results: list[Result]) -> str:
+    return " / ".join(f"{mb:.0f}" for mb in _median_marks(results))
+
+
+def columns(workload: Workload) -> list[Column]:
+    ideal = workload.parallelism / workload.delay if workload.delay else 0.0
+    base: list[Column] = [
+        ("contender", lambda rs: rs[0].label),
+        ("events", lambda rs: f"{rs[0].events:,}"),
+        ("msg/s", lambda rs: stat([r.msg_s for r in rs], ",.0f")),
+    ]
+    extra: dict[str, list[Column]] = {
+        "W2": [
+            ("p50 ms", lambda rs: stat([r.latency(0.5) for r in rs], ".1f")),
+            ("p99 ms", lambda rs: stat([r.latency(0.99) for r in rs], ".1f")),
+        ],
+        "W3": [("% of ideal", lambda rs: stat([r.msg_s / ideal * 100 for r in rs], ".1f"))],
+    }
+    cpu: list[Column] = [("CPU s / 1k events", lambda rs: stat([r.cpu_per_1k for r in rs], ".3f"))]
+    if workload.key == "W1":
+        cpu.append(("events / CPU s", lambda rs: stat([r.events_per_cpu_s for r in rs], ",.0f")))
+    memory: list[Column] = [("peak RSS MB", lambda rs: stat([r.peak_mb for r in rs], ".0f"))]
+    if workload.key == "W4":
+        memory += [("RSS MB at 25/50/75/100%", _rss_marks), ("flat after 50%", _flat)]
+    checks: list[Column] = [
+        ("duplicates", _total(lambda r: r.duplicates)),
+        ("missing", _total(lambda r: r.missing)),
+        ("left in queue", _total(lambda r: r.left)),
+    ]
+    return base + extra.get(workload.key, []) + cpu + memory + checks
+
+
+def _w5_summary(results: dict[str, list[Result]]) -> str:
+    runs = list(results.values())
+    if len(runs) != 2 or not all(runs):
+        return ""
+    one, two = (statistics.median(r.msg_s for r in rs) for rs in runs)
+    duplicates = sum(r.duplicates for r in runs[1])
+    return (
+        f"\nTwo processes / one: **{two / one:.2f}x** the throughput (medians); "
+        f"duplicates with two processes: **{duplicates}**.\n"
+    )
+
+
+def table(workload: Workload, results: dict[str, list[Result]]) -> str:
+    cols = columns(workload)
+    reps = f"{workload.repeat} run{'s' if workload.repeat > 1 else ''} each"
+    if workload.repeat > 1:
+        reps += ", interleaved; median (min-max)"
+    lines = [
+        f"### {workload.key}: {workload.title}",
+        "",
+        f"Parallelism {workload.parallelism}; {reps}.",
+        "",
+        "| " + " | ".join(name for name, _ in cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    lines += [
+        "| " + " | ".join(cell(rs) for _, cell in cols) + " |" for rs in results.values() if rs
+    ]
+    text = "\n".join(lines) + "\n"
+    if workload.note:
+        text += f"\n{workload.note}\n"
+    if workload.key == "W5":
+        text += _w5_summary(results)
+    return text

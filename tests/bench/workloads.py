@@ -1,0 +1,166 @@
+"""W1-W5 of issue 7: what each runs, against whom, how often.
+
+| | events | parallelism | subscriber | contenders |
+|---|---|---|---|---|
+| W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six |
+| W2 | 1,000 msg/s for 30 s | 50 | asyncio, 202 at once | dispatcher, (a), (b), pika floor |
+| W3 | 5k pre-loaded ((a): 200) | 100 | asyncio, 202 after 100 ms | consumers + HTTP ceilings |
+| W4 | 200k pre-loaded ((a): 20k) | 100 | nginx | dispatcher, (b), (a) |
+| W5 | 20k pre-loaded | 50 per process | nginx | dispatcher x1 vs x2 |
+
+Repetitions are interleaved: run 1 of every contender, then run 2, and so on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tests.bench.lineup import (
+    AIOPIKA_AIOHTTP,
+    DISPATCHER,
+    DISPATCHER_X2,
+    HTTP_AIOHTTP,
+    HTTP_HTTPX_THREADS,
+    PIKA_AUTOACK,
+    PIKA_HTTPX,
+    Contender,
+)
+from tests.bench.runner import Plan, Result, run_once
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    key: str
+    title: str
+    contenders: tuple[Contender, ...]
+    events: int
+    parallelism: int
+    sink: str
+    repeat: int
+    delay: float = 0.0
+    rate: float | None = None
+    fewer_events: Mapping[str, int] = field(default_factory=dict)  # contender key -> events
+    allow_duplicates: bool = False
+    note: str = ""  # printed under the table
+
+    @property
+    def needs_nginx(self) -> bool:
+        return self.sink == "nginx"
+
+    def plan(self, contender: Contender) -> Plan:
+        return Plan(
+            workload=self.key,
+            contender=contender,
+            events=self.fewer_events.get(contender.key, self.events),
+            parallelism=self.parallelism,
+            sink=self.sink,
+            delay=self.delay,
+            rate=self.rate,
+            allow_duplicates=self.allow_duplicates,
+        )
+
+    def select(self, keys: set[str], repeat: int | None) -> Workload:
+        chosen = tuple(c for c in self.contenders if c.key in keys)
+        return replace(self, contenders=chosen, repeat=repeat or self.repeat)
+
+
+def catalogue(quick: bool) -> dict[str, Workload]:
+    """The five workloads; ``quick`` shrinks every size for a smoke run."""
+
+    def size(full: int, smoke: int) -> int:
+        return smoke if quick else full
+
+    steady_seconds = size(30, 5)
+    all_six = (
+        DISPATCHER,
+        PIKA_HTTPX,
+        AIOPIKA_AIOHTTP,
+        PIKA_AUTOACK,
+        HTTP_AIOHTTP,
+        HTTP_HTTPX_THREADS,
+    )
+    w1 = Workload(
+        "W1",
+        "fast subscriber (nginx, 202 at once), persistent 1 KB events pre-loaded",
+        all_six,
+        events=size(20_000, 2_000),
+        parallelism=50,
+        sink="nginx",
+        repeat=size(3, 1),
+        note="Ceilings: pika auto-ack is its own subscriber (receipt = delivery to the "
+        "consumer); the HTTP ceilings post straight to nginx, 50 at a time (aiohttp tasks; "
+        "50 threads sharing one httpx.Client).",
+    )
+    w2 = Workload(
+        "W2",
+        f"steady publishing at 1,000 msg/s for {steady_seconds} s, asyncio subscriber "
+        "(202 at once); latency = publish to subscriber receipt",
+        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, PIKA_AUTOACK),
+        events=1_000 * steady_seconds,
+        parallelism=50,
+        sink="asyncio",
+        repeat=1,
+        rate=1_000.0,
+        note="Latency includes the broker hop: the pika auto-ack row (receipt at the consumer, "
+        "no HTTP) is that floor. The publisher is a process of its own: plain basic_publish "
+        "on a fixed schedule.",
+    )
+    w3 = Workload(
+        "W3",
+        "slow subscriber (asyncio, 202 after 100 ms), events pre-loaded; ideal 1,000 msg/s",
+        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, HTTP_AIOHTTP, HTTP_HTTPX_THREADS),
+        events=size(5_000, 1_000),
+        parallelism=100,
+        sink="asyncio",
+        repeat=1,
+        delay=0.1,
+        fewer_events={"a": size(200, 30)},
+        note="(a) is sequential (10 msg/s at best here), so it gets fewer events. msg/s "
+        "includes the last event's 100 ms; the HTTP ceilings use 100 tasks / 100 threads.",
+    )
+    w4 = Workload(
+        "W4",
+        "memory: backlog pre-loaded, nginx subscriber; RSS sampled every 0.5 s",
+        (DISPATCHER, AIOPIKA_AIOHTTP, PIKA_HTTPX),
+        events=size(200_000, 20_000),
+        parallelism=100,
+        sink="nginx",
+        repeat=1,
+        fewer_events={"a": size(20_000, 5_000)},
+        note="(a) gets fewer events (sequential; its memory is bounded by prefetch 50). "
+        "Flat after 50%: RSS at 75% and 100% of the events within 5% of RSS at 50% (the "
+        "first half may fill bounded memory, e.g. the dispatcher's dedupe window of "
+        "100,000 events). Per-run RSS traces: .bench/work/W4-*/rss.csv.",
+    )
+    w5 = Workload(
+        "W5",
+        "one vs two `dispatcher run` processes on one queue, nginx subscriber",
+        (DISPATCHER, DISPATCHER_X2),
+        events=size(20_000, 4_000),
+        parallelism=50,
+        sink="nginx",
+        repeat=size(3, 1),
+        allow_duplicates=True,
+        note="Parallelism 50 per process; here duplicates are counted, not fatal.",
+    )
+    return {w.key: w for w in (w1, w2, w3, w4, w5)}
+
+
+def run_workload(
+    workload: Workload, workdir: Path, progress: Callable[[str], None]
+) -> dict[str, list[Result]]:
+    """Every contender ``repeat`` times, interleaved; results by contender label."""
+    results: dict[str, list[Result]] = {c.label: [] for c in workload.contenders}
+    for rep in range(1, workload.repeat + 1):
+        for index, contender in enumerate(workload.contenders):
+            plan = workload.plan(contender)
+            progress(f"{workload.key} run {rep}/{workload.repeat}: {contender.label} ...")
+            result = run_once(plan, workdir / f"{workload.key}-r{rep}-c{index}")
+            progress(
+                f"  {result.msg_s:,.0f} msg/s, {result.cpu_per_1k:.3f} CPU s/1k, "
+                f"{result.peak_mb:.0f} MB"
+            )
+            results[contender.label].append(result)
+    return results
