@@ -291,8 +291,13 @@ def _json_data(
     value = document["data"]
     if isinstance(value, str) and not _is_json(content_type):
         return value.encode("utf-8")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None  # UTF-16/32 JSON (json.loads reads it): re-encode instead
     if text is not None:
-        raw = _raw_member(text if isinstance(text, str) else text.decode("utf-8"), "data")
+        raw = _raw_member(text, "data")
         if raw is not None:
             return raw.encode("utf-8")
     # Without the source text, JSON data can only be re-encoded from its value.

@@ -41,7 +41,6 @@ _MAX_HEAD: Final = 64 * 1024  # status line and headers of a response, at most
 _RECV: Final = 65536
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
 _FORBIDDEN_IN_HEADERS: Final = ("\r", "\n", "\0")
-_FRESH: Final = 0.05  # seconds idle below which a kept connection is not re-checked
 
 
 class HttpError(Exception):
@@ -94,7 +93,7 @@ class _Connection:
     receive, each a GIL release that 50 busy threads then fight over. TLS
     sockets keep Python's timeouts (a kernel timeout would surface mid-record)."""
 
-    __slots__ = ("armed", "buffer", "idle_since", "origin", "sock", "tls")
+    __slots__ = ("armed", "buffer", "origin", "poller", "sock", "tls")
 
     def __init__(self, sock: socket.socket, origin: Origin, tls: bool) -> None:
         self.sock = sock
@@ -102,7 +101,9 @@ class _Connection:
         self.tls = tls
         self.buffer = b""  # bytes received beyond the previous response (none, normally)
         self.armed = 0.0  # the kernel timeouts now set (plain TCP)
-        self.idle_since = 0.0
+        # poll, not select: select fails on descriptors above 1023.
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
         if not tls:
             sock.settimeout(None)
 
@@ -117,22 +118,14 @@ class _Connection:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
             self.armed = remaining
 
-    def quiet(self, now: float) -> bool:
-        """Still usable: nothing to read on an idle connection (EOF or stray bytes mean no).
-
-        Not asked of a connection idle for less than ``_FRESH``: a server closes
-        idle connections after seconds, and a request on one it closed in that
-        instant fails like any other attempt (and is retried).
-        """
+    def quiet(self) -> bool:
+        """Still usable: nothing to read on an idle connection (EOF or stray bytes mean no)."""
         if self.buffer:
             return False
-        if now - self.idle_since < _FRESH:
-            return True
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-        except (OSError, ValueError):
+            return not self.poller.poll(0)
+        except OSError:
             return False
-        return not readable
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -195,13 +188,12 @@ class Connections:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.quiet(self._clock()):
+            if connection.quiet():
                 return connection
             connection.close()
         return self._connect(origin, deadline)
 
     def _checkin(self, connection: _Connection) -> None:
-        connection.idle_since = self._clock()
         idle = self._idle.setdefault(connection.origin, [])
         if len(idle) < self._keep:
             idle.append(connection)
@@ -223,6 +215,9 @@ class Connections:
                     raise HttpError("https URL without a TLS context")
                 sock.settimeout(self._remaining(deadline))
                 sock = self._tls.wrap_socket(sock, server_hostname=origin.host)
+        except HttpError:
+            sock.close()
+            raise
         except TimeoutError:
             sock.close()
             raise HttpError("TLS handshake timed out", timeout=True) from None
@@ -240,9 +235,14 @@ class Connections:
     # ----------------------------------------------------------------- I/O
 
     def _send(self, connection: _Connection, request: bytes, deadline: float) -> None:
+        view = memoryview(request)
         try:
-            connection.arm(self._remaining(deadline))
-            connection.sock.sendall(request)
+            while view:
+                # One send at a time, re-armed from the deadline: sendall would give
+                # every partial send a fresh timeout (a slow reader of a large body
+                # could hold the attempt many times its budget).
+                connection.arm(self._remaining(deadline))
+                view = view[connection.sock.send(view) :]
         except (TimeoutError, BlockingIOError):
             raise HttpError("send timed out", timeout=True) from None
         except OSError as e:
@@ -353,8 +353,18 @@ class Connections:
                 data = data[2:] if data.startswith(_CRLF) else data[end + 4 :]
                 connection.buffer = data
                 return b"".join(body), False
-            while len(data) < chunk_size + 2:
-                data = self._more(connection, data, deadline)
+            pieces = [data]
+            have = len(data)
+            while have < chunk_size + 2:
+                if size + have > limit:  # a huge chunk: never buffer past the limit
+                    connection.buffer = b""
+                    return (b"".join(body) + b"".join(pieces))[:limit], True
+                piece = self._recv(connection, deadline)
+                if not piece:
+                    raise HttpError("server closed the connection in the middle of the body")
+                pieces.append(piece)
+                have += len(piece)
+            data = b"".join(pieces)
             body.append(data[:chunk_size])
             size += chunk_size
             data = data[chunk_size + 2 :]
@@ -417,17 +427,17 @@ def _request(origin: Origin, headers: Sequence[tuple[str, str]], body: bytes) ->
 
 
 def _length(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise HttpError(f"malformed content-length {text[:40]!r}")
     return int(text)
 
 
 def _chunk_size(line: bytes) -> int:
     text = line.split(b";", 1)[0].strip()
-    try:
-        return int(text, 16)
-    except ValueError:
-        raise HttpError(f"malformed chunk size {text[:20]!r}") from None
+    # Hex digits only: int() would also take a sign, "0x" and underscores.
+    if not text or len(text) > 16 or text.strip(b"0123456789abcdefABCDEF"):
+        raise HttpError(f"malformed chunk size {text[:20]!r}")
+    return int(text, 16)
 
 
 def _describe(error: BaseException) -> str:

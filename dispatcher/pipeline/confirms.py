@@ -45,6 +45,7 @@ class Outgoing:
     body: bytes
     headers: dict[str, str]
     content_type: str | None
+    archived: str | None = None  # the archive's receipt time, kept for a failed record's line
 
 
 @dataclass(slots=True)
@@ -99,6 +100,7 @@ class ConfirmedPublisher:
         self._connection: Any = None
         self._channel: Any = None
         self._last_error = "no connection attempted"
+        self._source_error: Exception | None = None
 
     # ----------------------------------------------------------------- the loop
 
@@ -120,6 +122,8 @@ class ConfirmedPublisher:
                 break
             self._sleep(self._backoff.wait(failures))
             failures += 1
+        if self._source_error is not None:
+            raise self._source_error
         return self.result
 
     def _finished(self) -> bool:
@@ -193,7 +197,6 @@ class ConfirmedPublisher:
     # ----------------------------------------------------------------- publishing
 
     def _pump(self) -> None:
-        self._pump_scheduled = False
         channel = self._channel
         if channel is None or not channel.is_open:
             return
@@ -212,29 +215,49 @@ class ConfirmedPublisher:
             self._tag += 1
             self._unconfirmed[self._tag] = record
             self._tags_by_key[record.key] = self._tag
-            channel.basic_publish(
-                self._exchange,
-                self._routing_key,
-                record.body,
-                pika.BasicProperties(
-                    headers=record.headers, content_type=record.content_type, delivery_mode=2
-                ),
-                mandatory=True,
-            )
+            try:
+                channel.basic_publish(
+                    self._exchange,
+                    self._routing_key,
+                    record.body,
+                    pika.BasicProperties(
+                        headers=record.headers, content_type=record.content_type, delivery_mode=2
+                    ),
+                    mandatory=True,
+                )
+            except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as e:
+                # The record itself cannot be encoded (a header name or routing key
+                # too long for AMQP): fail it alone; the connection is unharmed.
+                self._unconfirmed.pop(self._tag)
+                self._tags_by_key.pop(record.key, None)
+                self._tag -= 1
+                self.result.fail(record, f"cannot be published: {type(e).__name__}: {e}")
         if self._finished():
             self._connection.close()
 
     def _schedule_pump(self, delay: float) -> None:
+        # One timer at a time: confirms call _pump too, and each must not add one.
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self._connection.ioloop.call_later(delay, self._pump)
+            self._connection.ioloop.call_later(delay, self._on_pump_timer)
+
+    def _on_pump_timer(self) -> None:
+        self._pump_scheduled = False
+        self._pump()
 
     def _next_record(self) -> Outgoing | None:
         if self._resend:
             return self._resend.popleft()
         if self._exhausted:
             return None
-        record = next(self._source, None)
+        try:
+            record = next(self._source, None)
+        except Exception as e:
+            # The input broke (a Spark read error): stop, and let publish() raise it
+            # rather than count the unread rest as nothing.
+            self._source_error = e
+            self._exhausted = True
+            return None
         if record is None:
             self._exhausted = True
         return record

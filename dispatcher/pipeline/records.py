@@ -27,16 +27,20 @@ ARCHIVED: Final = "dispatcherarchived"
 
 
 def to_line(event: Event, archived_at: dt.datetime) -> bytes:
-    """The archive line for ``event`` (no newline)."""
-    stamped = event.with_extensions({ARCHIVED: events.format_time(archived_at)})
-    line = events.to_json(stamped)
-    if b"\n" not in line and b"\r" not in line:
-        return line
+    """The archive line for ``event``, received at ``archived_at`` (no newline)."""
+    return line(event.with_extensions({ARCHIVED: events.format_time(archived_at)}))
+
+
+def line(event: Event) -> bytes:
+    """``event`` as one archive line (no newline), its attributes as they are."""
+    text = events.to_json(event)
+    if b"\n" not in text and b"\r" not in text:
+        return text
     # ``events.to_json`` splices JSON data in byte for byte, so a pretty-printed
     # payload brings its line breaks along and would split the record (attribute
     # values cannot: JSON escapes them). Such data goes as ``data_base64``,
     # which the JSON event format allows for any data: one line, exact bytes.
-    document = {**stamped.attributes, "data_base64": base64.b64encode(event.data or b"").decode()}
+    document = {**event.attributes, "data_base64": base64.b64encode(event.data or b"").decode()}
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

@@ -63,6 +63,7 @@ PARSED_COLUMNS: Final = (
     "headers",
     "content_type",
     "body",
+    "archived",
     "file",
     "line",
     "reason",
@@ -121,11 +122,19 @@ def command(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
-    if not Path(args.archive).is_dir():
+    if "://" not in args.archive and not Path(args.archive).is_dir():  # hdfs:// etc.: Spark's
         raise BatchInputError(f"--archive {args.archive}: not a folder")
     if args.since and args.until and args.since >= args.until:
         raise BatchInputError("--since must be before --until")
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or f"replay-{stamp}"
+    failed = (Path(out) / "failed").resolve()
+    archive = Path(args.archive).resolve()
+    if archive == failed or failed in archive.parents:
+        # This run replaces OUT/failed: it must not be reading from it.
+        raise BatchInputError(
+            f"--archive {args.archive} is this run's failed/ folder: use another --out"
+        )
     return ReplayOptions(
         archive=args.archive,
         exchange=args.exchange,
@@ -136,7 +145,7 @@ def _options(args: argparse.Namespace) -> ReplayOptions:
         until=args.until,
         rate=args.rate,
         partitions=args.partitions,
-        out=args.out or f"replay-{stamp}",
+        out=out,
     )
 
 
@@ -249,6 +258,7 @@ def parse(spark: SparkSession, archive: str) -> DataFrame:
             T.StructField("headers", T.StringType()),
             T.StructField("content_type", T.StringType()),
             T.StructField("body", T.BinaryType()),
+            T.StructField("archived", T.StringType()),
             T.StructField("file", T.StringType()),
             T.StructField("line", T.StringType()),
             T.StructField("reason", T.StringType()),
@@ -264,7 +274,7 @@ def parse_lines(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         try:
             event = records.from_line(line)
         except EventError as e:
-            yield (None, None, None, None, None, None, None, file, line, e.reason)
+            yield (None, None, None, None, None, None, None, None, file, line, e.reason)
             continue
         when = records.instant(event)
         replayed = records.for_replay(event)
@@ -277,6 +287,7 @@ def parse_lines(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
             json.dumps(headers, ensure_ascii=False),
             content_type,
             replayed.data or b"",
+            event.attributes.get(records.ARCHIVED),
             None,
             None,
             None,
@@ -316,7 +327,7 @@ def publish(
         yield publisher.publish(_outgoing(row) for row in rows)
 
     ordered = (
-        chosen.select("source", "id", "instant_us", "headers", "content_type", "body")
+        chosen.select("source", "id", "instant_us", "headers", "content_type", "body", "archived")
         .repartition(partitions)
         .sortWithinPartitions("instant_us", "source", "id")
     )
@@ -329,6 +340,7 @@ def _outgoing(row: Any) -> Outgoing:
         body=bytes(row["body"]),
         headers=json.loads(row["headers"]),
         content_type=row["content_type"],
+        archived=row["archived"],
     )
 
 
@@ -342,13 +354,15 @@ def _write_failed(folder: Path, results: list[PublishResult]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "failed.jsonl").open("wb") as stream:
         for record in failed:
-            stream.write(events.to_json(_as_event(record)) + b"\n")
+            stream.write(records.line(_as_event(record)) + b"\n")
 
 
 def _as_event(record: Outgoing) -> Event:
     attributes = {name.removeprefix("ce-"): value for name, value in record.headers.items()}
     if record.content_type is not None:
         attributes["datacontenttype"] = record.content_type
+    if record.archived is not None:  # so a retry places it in time as the original did
+        attributes[records.ARCHIVED] = record.archived
     return Event(attributes, record.body)
 
 

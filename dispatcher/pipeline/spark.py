@@ -5,7 +5,8 @@ Under ``spark-submit`` the master and every ``--conf`` are already set, and
 win: this module only fills in what is missing. Run directly, the master is
 ``local[*]``, the driver binds to loopback and Python workers use this
 interpreter (else they would run whatever ``python3`` is on the PATH, which
-may not have dispatcher installed).
+may not have dispatcher installed); on a cluster, executors use what the
+cluster configures, never the driver's path.
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ def session(app_name: str) -> Iterator[SparkSession]:
     if active is not None:  # a test's fixture, or an embedding application
         yield active
         return
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(f"dispatcher-{app_name}")
     if not submitted():
+        # Locally, workers run this interpreter; under spark-submit the cluster's
+        # own setting (spark.pyspark.python, PYSPARK_PYTHON) decides.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.master("local[*]")
         for key, value in _LOCAL_STATIC.items():

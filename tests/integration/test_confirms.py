@@ -128,3 +128,37 @@ def test_rate_limit_spaces_publishes(queue: str) -> None:
     # 101 publishes at 200/s need at least 100 intervals of 5 ms; unlimited takes ~20 ms.
     assert elapsed >= 0.5
     assert len(drain(queue)) == 101
+
+
+def test_rate_limit_keeps_one_timer_whatever_the_confirms(queue: str) -> None:
+    fired = []
+
+    class Counting(ConfirmedPublisher):
+        def _on_pump_timer(self) -> None:
+            fired.append(1)
+            super()._on_pump_timer()
+
+    result = Counting(params(), "", queue, rate=400).publish(records(201))
+    assert result.published == 201
+    # One timer per wait at most: ~200 here. Re-arming on every confirm made it
+    # grow with the square of the records.
+    assert len(fired) <= 260, len(fired)
+
+
+def test_a_record_that_cannot_be_encoded_fails_alone(queue: str) -> None:
+    bad = Outgoing(("/tests", "bad"), b"{}", {"x" * 300: "v", "ce-id": "bad"}, None)
+    sent = [*records(5, "a"), bad, *records(5, "b")]
+    result = ConfirmedPublisher(params(), "", queue).publish(sent)
+    assert (result.published, result.failed, result.connections) == (10, 1, 1)
+    (reason,) = result.reasons
+    assert reason.startswith("cannot be published: ShortStringTooLong")
+    assert sorted(i for i, _ in drain(queue)) == sorted(r.key[1] for r in sent if r is not bad)
+
+
+def test_an_input_error_is_raised_not_counted_as_done(queue: str) -> None:
+    def broken() -> Iterator[Outgoing]:
+        yield from records(3)
+        raise RuntimeError("the archive could not be read")
+
+    with pytest.raises(RuntimeError, match="could not be read"):
+        ConfirmedPublisher(params(), "", queue).publish(broken())

@@ -178,24 +178,39 @@ def test_unroutable_events_fail_exit_1_and_are_saved_for_a_retry(
     spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
 ) -> None:
     exchange, queue = target
-    made = make_events(40)
+    pretty = Event(
+        {"specversion": "1.0", "id": "pretty", "source": "/orders", "type": TYPES[0]},
+        b'{\n  "pretty": true\n}',  # line breaks in the data: archived as data_base64
+    )
+    made = [*make_events(40), pretty]
     write_archive(tmp_path / "archive", made)
+    window = ["--since", "2026-11-20", "--until", "2026-11-22"]  # both runs, same filter
     code, out, _err = run_replay(
         ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
-         "--routing-key", "bound-to-nothing", "--out", str(tmp_path / "out")],
+         "--routing-key", "bound-to-nothing", *window, "--out", str(tmp_path / "out")],
         capsys,
     )  # fmt: skip
     assert code == 1
-    assert "40 failed" in out and "unroutable" in out
+    assert "41 failed" in out and "unroutable" in out
     assert received(queue) == []
-    # The failed folder is an archive of exactly those events: replaying it retries them.
+    # failed/ is an archive of exactly those events, in time as the originals
+    # (those without `time` keep their archive time): the same replay retries them.
     code, out, _err = run_replay(
         ["--archive", str(tmp_path / "out" / "failed"), "--exchange", exchange,
-         "--routing-key", "replayed", "--out", str(tmp_path / "retry")],
+         "--routing-key", "replayed", *window, "--out", str(tmp_path / "retry")],
         capsys,
     )  # fmt: skip
     assert code == 0, out
-    assert sorted(e.key for e, _ in received(queue)) == sorted(e.key for e in made)
+    got = {e.key: e for e, _ in received(queue)}
+    assert sorted(got) == sorted(e.key for e in made)
+    assert got[pretty.key].data == pretty.data
+    # A run may not read the failed/ folder it is about to replace.
+    code, _out, err = run_replay(
+        ["--archive", str(tmp_path / "out" / "failed"), "--exchange", exchange,
+         "--out", str(tmp_path / "out")],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and "use another --out" in err
 
 
 def test_a_missing_exchange_is_exit_2_and_nothing_is_declared(

@@ -341,3 +341,10 @@ def test_validation_verdicts_do_not_depend_on_what_was_seen_before():
         events.validated({**good, "Bad_Name": "v"}, None)
     with pytest.raises(EventError, match="Bad_Name"):
         events.validated({**good, "Bad_Name": "v"}, None)
+
+
+def test_structured_utf16_json_is_still_read():
+    document = {"specversion": "1.0", "id": "1", "source": "/s", "type": "t", "data": {"a": 1}}
+    body = json.dumps(document).encode("utf-16")
+    message = AmqpMessage(body, {}, "application/cloudevents+json")
+    assert json.loads(events.from_amqp(message).data or b"") == {"a": 1}

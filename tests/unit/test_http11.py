@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -143,7 +144,7 @@ def test_an_idle_connection_closed_by_the_server_is_replaced_not_failed(serve) -
     post(server, client)
     idle = client._idle[server.origin][0]
     for _ in range(200):  # bounded wait for the server's FIN to arrive
-        if not idle.quiet(float("inf")):
+        if not idle.quiet():
             break
         threading.Event().wait(0.005)
     now[0] += 1.0  # idle for a second: long enough to be checked before reuse
@@ -244,3 +245,64 @@ def test_origin_parsing(url: str, host_header: bytes, target: bytes) -> None:
 def test_not_http_urls_are_refused() -> None:
     with pytest.raises(ValueError, match="not an http"):
         Origin.parse("ftp://example.com/")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",  # a superscript two is a "digit"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+    ],
+)
+def test_numbers_in_framing_are_plain_digits(serve, raw: bytes) -> None:
+    with pytest.raises(HttpError, match="malformed"):
+        post(serve(answer(raw, keep=False)))
+
+
+def test_a_huge_chunk_is_not_buffered_past_the_limit(serve) -> None:
+    def script(conn: socket.socket, _request: bytes) -> bool:
+        conn.sendall(b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\n40000000\r\n")
+        try:
+            for _ in range(64):  # 4 MiB of a declared 1 GiB chunk, then silence
+                conn.sendall(b"e" * 65536)
+        except OSError:
+            return False  # the client stopped reading at its limit and closed: expected
+        threading.Event().wait(5)
+        return False
+
+    response = post(serve(script), limit=1_000_000, error_limit=100, timeout=3.0)
+    assert (response.status, response.body, response.truncated) == (500, b"e" * 100, True)
+
+
+def test_sending_a_large_body_to_a_slow_reader_stays_within_the_budget() -> None:
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    accepted: list[socket.socket] = []
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        while True:  # reads a little, often enough that no single send times out
+            try:
+                if not conn.recv(1024):
+                    return
+            except OSError:
+                return
+            threading.Event().wait(0.05)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    origin = Origin.parse(f"http://127.0.0.1:{listener.getsockname()[1]}/")
+    started = time.monotonic()
+    try:
+        with pytest.raises(HttpError) as error:
+            Connections(None).post(origin, [], b"x" * (8 * 1024 * 1024), 1.0, 100)
+        elapsed = time.monotonic() - started
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert error.value.timeout
+    assert elapsed < 2.0
