@@ -25,7 +25,7 @@ log = get_logger()
 ERROR_DATA_CHARS = 1024
 # 768 bytes are exactly 1024 base64 characters.
 _ERROR_DATA_BYTES = ERROR_DATA_CHARS // 4 * 3
-REASON_CHARS = 512
+_REASON_CHARS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +43,16 @@ def dead_letter_event(event: Event, destination: str, failure: Failure) -> Event
         "knativeerrorcode": str(failure.code),
         "knativeerrordata": base64.b64encode(failure.body[:_ERROR_DATA_BYTES]).decode("ascii"),
     }
-    if failure.reason:
-        extensions["dispatchererror"] = printable(failure.reason)[:REASON_CHARS]
-    return event.with_extensions(extensions)
+    stamped = event.with_extensions(extensions)
+    return with_reason(stamped, failure.reason) if failure.reason else stamped
 
 
-def printable(text: str) -> str:
+def with_reason(event: Event, reason: str) -> Event:
+    """``event`` with ``dispatchererror``: why dispatcher itself refused it, in words."""
+    return event.with_extensions({"dispatchererror": _printable(reason)[:_REASON_CHARS]})
+
+
+def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in text)
 
 

@@ -400,6 +400,26 @@ def _is_json(content_type: str | None) -> bool:
     return media == "application/json" or media.endswith("+json") or media == "text/json"
 
 
+def read(
+    message: AmqpMessage, vhost: str, queue: str, non_cloudevent: str = "wrap"
+) -> tuple[Event, str | None]:
+    """The event a message carries, or a wrapped stand-in and why it cannot be delivered.
+
+    One decision for every reader (the service, ``archive``): a message that is
+    not a CloudEvent is wrapped (and, with ``non_cloudevent: dead_letter``,
+    refused); a malformed one is wrapped and refused with the reason.
+    """
+    try:
+        return from_amqp(message), None
+    except NotACloudEvent:
+        wrapped = wrap(message, vhost, queue)
+        if non_cloudevent == "wrap":
+            return wrapped, None
+        return wrapped, "not a CloudEvent (non_cloudevent: dead_letter)"
+    except EventError as e:
+        return wrap(message, vhost, queue), f"malformed CloudEvent: {e.reason}"
+
+
 # --------------------------------------------------------------------- wrapping
 
 

@@ -35,7 +35,7 @@ from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim, DedupeStore
 from dispatcher.delivery import Attempt, HttpTarget, Result
-from dispatcher.errors import EventError, NotACloudEvent
+from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.logs import get_logger
 from dispatcher.metrics import BindingMetrics
@@ -166,13 +166,9 @@ class Handler:
             )
             return self._wrapped(message), problem
         try:
-            return events.from_amqp(message), None
-        except NotACloudEvent:
-            if self._binding.non_cloudevent == "wrap":
-                return self._wrapped(message), None
-            return self._wrapped(message), "not a CloudEvent (non_cloudevent: dead_letter)"
-        except EventError as e:
-            return self._wrapped(message), f"malformed CloudEvent: {e.reason}"
+            return events.read(
+                message, self._vhost, self._binding.queue, self._binding.non_cloudevent
+            )
         except Exception as e:  # a mapping bug must not loop the message forever
             log.exception("internal error while reading a message")
             return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"

@@ -59,8 +59,8 @@ import pika.exceptions
 from dispatcher import events, logs
 from dispatcher.broker_params import connection_parameters, virtual_host
 from dispatcher.config import BrokerSettings, load_broker_settings, redact_url
-from dispatcher.deadletter import REASON_CHARS, printable
-from dispatcher.errors import ConfigError, DispatcherError, EventError, NotACloudEvent
+from dispatcher.deadletter import with_reason
+from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.pipeline import records
 
@@ -68,7 +68,6 @@ EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 
-ERROR_EXTENSION: Final = "dispatchererror"
 # A partial batch is written once its oldest message has waited this long.
 FLUSH_INTERVAL: Final = 1.0
 # How often the consume loop wakes up when no message arrives.
@@ -103,19 +102,14 @@ class ArchiveResult:
 def read_event(message: AmqpMessage, vhost: str, queue: str) -> Event:
     """The event as the service reads it; bad input is wrapped with the reason, never raised."""
     try:
-        return events.from_amqp(message)
-    except NotACloudEvent:
-        return events.wrap(message, vhost, queue)
-    except EventError as e:
-        return _wrapped(message, vhost, queue, f"malformed CloudEvent: {e.reason}")
+        event, problem = events.read(message, vhost, queue)
     except Exception as e:  # a mapping bug must not stop the drain or drop the message
         log.exception("internal error while reading a message")
-        return _wrapped(message, vhost, queue, f"internal error: {type(e).__name__}: {e}")
-
-
-def _wrapped(message: AmqpMessage, vhost: str, queue: str, reason: str) -> Event:
-    reason = printable(reason)[:REASON_CHARS]
-    return events.wrap(message, vhost, queue).with_extensions({ERROR_EXTENSION: reason})
+        event, problem = (
+            events.wrap(message, vhost, queue),
+            f"internal error: {type(e).__name__}: {e}",
+        )
+    return event if problem is None else with_reason(event, problem)
 
 
 def to_record(
@@ -127,7 +121,9 @@ def to_record(
         line = records.to_line(event, archived_at)
     except Exception as e:  # same: archive the raw message rather than stop
         log.exception("internal error while formatting an event")
-        event = _wrapped(message, vhost, queue, f"internal error: {type(e).__name__}: {e}")
+        event = with_reason(
+            events.wrap(message, vhost, queue), f"internal error: {type(e).__name__}: {e}"
+        )
         line = records.to_line(event, archived_at)
     return records.partition_date(event, archived_at), line
 
