@@ -54,19 +54,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ARCHIVE_FILES: Final = "*.{jsonl,jsonl.gz}"
-# Columns of a parsed line; a reject has only file, line and reason.
-PARSED_COLUMNS: Final = (
-    "source",
-    "id",
-    "type",
-    "instant_us",
-    "headers",
-    "content_type",
-    "body",
-    "archived",
-    "file",
-    "line",
-    "reason",
+# Columns of a parsed line (a DDL schema); a reject has only file, line and reason.
+PARSED_SCHEMA: Final = (
+    "source STRING, id STRING, type STRING, instant_us BIGINT, headers STRING, "
+    "content_type STRING, body BINARY, archived STRING, file STRING, line STRING, reason STRING"
 )
 
 
@@ -241,7 +232,6 @@ def replay(spark: SparkSession, broker: BrokerSettings, options: ReplayOptions) 
 
 def parse(spark: SparkSession, archive: str) -> DataFrame:
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     lines = (
         spark.read.option("recursiveFileLookup", "true")
@@ -249,22 +239,7 @@ def parse(spark: SparkSession, archive: str) -> DataFrame:
         .text(archive)
         .select(F.input_file_name().alias("file"), "value")
     )
-    schema = T.StructType(
-        [
-            T.StructField("source", T.StringType()),
-            T.StructField("id", T.StringType()),
-            T.StructField("type", T.StringType()),
-            T.StructField("instant_us", T.LongType()),
-            T.StructField("headers", T.StringType()),
-            T.StructField("content_type", T.StringType()),
-            T.StructField("body", T.BinaryType()),
-            T.StructField("archived", T.StringType()),
-            T.StructField("file", T.StringType()),
-            T.StructField("line", T.StringType()),
-            T.StructField("reason", T.StringType()),
-        ]
-    )
-    return spark.createDataFrame(lines.rdd.mapPartitions(parse_lines), schema)
+    return spark.createDataFrame(lines.rdd.mapPartitions(parse_lines), PARSED_SCHEMA)
 
 
 def parse_lines(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
