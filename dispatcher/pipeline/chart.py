@@ -6,8 +6,8 @@ GUI toolkit, the same picture on a laptop and in a cluster driver.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Final
 
 OUTCOME_COLOURS: Final = {
@@ -19,7 +19,8 @@ OUTCOME_COLOURS: Final = {
 PERCENTILE_COLUMNS: Final = ("p50_ms", "p95_ms", "p99_ms")
 
 
-def render(by_binding: Sequence[dict[str, Any]], path: Path) -> None:
+def render(by_binding: Sequence[dict[str, Any]]) -> bytes:
+    """The chart as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,8 +57,8 @@ def render(by_binding: Sequence[dict[str, Any]], path: Path) -> None:
         for axes in (latency, outcomes):
             axes.set_xticks(list(positions), names, rotation=20, ha="right")
         figure.tight_layout()
-        temporary = path.with_name(f".{path.name}.tmp")
-        figure.savefig(temporary, format="png")
-        temporary.replace(path)
+        png = io.BytesIO()
+        figure.savefig(png, format="png")
+        return png.getvalue()
     finally:
         plt.close(figure)

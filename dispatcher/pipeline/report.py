@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import sys
@@ -303,20 +304,19 @@ def write(spark: SparkSession, report: Report, out: Path, inputs: Sequence[str])
         "not_delivery": report.not_delivery,
         "malformed": report.malformed,
     }
-    _atomic_text(out / "counts.json", json.dumps(counts, indent=2) + "\n")
-    _atomic_text(out / "summary.md", markdown(report, inputs))
+    _atomic_write(out / "counts.json", (json.dumps(counts, indent=2) + "\n").encode())
+    _atomic_write(out / "summary.md", markdown(report, inputs).encode())
     from dispatcher.pipeline import chart
 
-    chart.render(report.by_binding, out / "report.png")
+    _atomic_write(out / "report.png", chart.render(report.by_binding))
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w", newline="", encoding="utf-8") as stream:
-        writer = csv.writer(stream)
-        writer.writerow(columns)
-        writer.writerows([[row[c] for c in columns] for row in rows])
-    temporary.replace(path)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    writer.writerows([[row[c] for c in columns] for row in rows])
+    _atomic_write(path, text.getvalue().encode())
 
 
 def _write_parquet(
@@ -338,9 +338,10 @@ def _write_parquet(
     frame.coalesce(1).write.mode("overwrite").parquet(str(path))
 
 
-def _atomic_text(path: Path, text: str) -> None:
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one, never half of one."""
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
+    temporary.write_bytes(data)
     temporary.replace(path)
 
 
