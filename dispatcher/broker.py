@@ -36,7 +36,7 @@ from pika.adapters.select_connection import SelectConnection
 
 from dispatcher.broker_params import connection_parameters
 from dispatcher.config import BindingSettings, BrokerSettings
-from dispatcher.events import AmqpMessage
+from dispatcher.events import amqp_message
 from dispatcher.handler import Action, Delivery
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
@@ -306,13 +306,7 @@ class Supervisor:
     def _on_message(
         self, b: _Binding, generation: int, _channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
-        message = AmqpMessage(
-            body=body,
-            headers=props.headers or {},
-            content_type=props.content_type,
-            message_id=props.message_id,
-            properties=props,
-        )
+        message = amqp_message(body, props)
         b.dispatch(Delivery(generation, method.delivery_tag, bool(method.redelivered), message))
 
     def _on_cancelled(self, b: _Binding, generation: int, _frame: Any) -> None:

@@ -121,6 +121,34 @@ class AmqpMessage:
     properties: Any = None
 
 
+def amqp_message(body: bytes, properties: Any) -> AmqpMessage:
+    """The message as received: ``properties`` is pika's BasicProperties (or alike).
+
+    pika hands over a header name, ``content_type`` or ``message_id`` that is
+    not valid UTF-8 as ``bytes``; they become text here (Latin-1, which maps
+    every byte), so nothing downstream meets a bytes name where it expects a
+    string (a JSON key, a regex) and fails on every redelivery.
+    """
+    headers = properties.headers or {}
+    if any(isinstance(name, bytes) for name in headers):
+        headers = {_text(name): value for name, value in headers.items()}
+    return AmqpMessage(
+        body,
+        headers,
+        _optional_text(properties.content_type),
+        _optional_text(properties.message_id),
+        properties,
+    )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def _optional_text(value: str | bytes | None) -> str | None:
+    return None if value is None else _text(value)
+
+
 @dataclass(frozen=True, slots=True)
 class HttpRequestParts:
     headers: dict[str, str]
@@ -451,8 +479,12 @@ def stable_digest(message: AmqpMessage, queue: str) -> str:
         "properties": properties,
         "headers": headers,
     }
+    try:
+        described = json.dumps(identity, sort_keys=True, default=repr)
+    except TypeError:  # a nested table with a bytes key: its repr is as stable
+        described = repr(identity)
     digest = hashlib.sha256()
-    digest.update(json.dumps(identity, sort_keys=True, default=repr).encode("utf-8"))
+    digest.update(described.encode("utf-8"))
     digest.update(b"\0")
     digest.update(message.body)
     return digest.hexdigest()

@@ -24,7 +24,12 @@ class Replier:
         self._mode = content_mode
         self._target = target
         self._routing_key = settings.routing_key
-        self._exchange = (publisher, settings.exchange) if publisher and settings.exchange else None
+        # "" is the AMQP default exchange, a real target: only None means none.
+        self._exchange = (
+            (publisher, settings.exchange)
+            if publisher is not None and settings.exchange is not None
+            else None
+        )
         self._publish_timeout = publish_timeout
         self.enabled = target is not None or self._exchange is not None
 

@@ -196,4 +196,7 @@ def _clients(index: int, binding: BindingSettings) -> ThreadClients:
 
 
 def _needs_publisher(settings: Settings) -> bool:
-    return any(b.dead_letter.exchange or b.reply.exchange for b in settings.bindings)
+    return any(
+        b.dead_letter.exchange is not None or b.reply.exchange is not None
+        for b in settings.bindings
+    )

@@ -379,14 +379,7 @@ class _Run:
         )
 
     def _record(self, properties: Any, body: bytes) -> tuple[str, bytes]:
-        message = AmqpMessage(
-            body,
-            properties.headers or {},
-            properties.content_type,
-            properties.message_id,
-            properties,
-        )
-        return to_record(message, self.vhost, self.queue, self.now())
+        return to_record(events.amqp_message(body, properties), self.vhost, self.queue, self.now())
 
     def _stop_reason(self, in_batch: int, last_message: float) -> str | None:
         if self.stop.is_set():

@@ -16,7 +16,13 @@ import pytest
 
 from dispatcher.metrics import RECONNECT_REASONS
 from tests.faults.conftest import RECOVERY_TIMES
-from tests.support.broker import event_headers, publish, publish_events, wait_until
+from tests.support.broker import (
+    declare_fanout_with_queue,
+    event_headers,
+    publish,
+    publish_events,
+    wait_until,
+)
 from tests.support.node import RabbitNode
 from tests.support.proxy import FaultProxy
 from tests.support.subscriber import Received, Reply
@@ -244,13 +250,7 @@ def test_a_resource_alarm_cannot_hang_dead_lettering(
         alarm_on.wait(30)
         return Reply(200 if alarm_off.is_set() else 400)
 
-    from tests.support.broker import channel
-
-    dlx, dlq = "alarm-dlx", "alarm-dlq"
-    with channel(live_node.url) as ch:
-        ch.exchange_declare(dlx, "fanout")
-        ch.queue_declare(dlq)
-        ch.queue_bind(dlq, dlx)
+    dlx, dlq = declare_fanout_with_queue(live_node.url, prefix="alarm-dlx")
     sub = make_subscriber(refuse_while_alarmed)
     svc = run_service(
         sub.url,

@@ -125,11 +125,7 @@ def test_non_retryable_4xx_is_dead_lettered_at_once_to_the_sink(make_subscriber,
 
 def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(500, body=b"x" * 5000))
-    exchange, dlq = broker.unique("dlx"), broker.unique("dlq")
-    with broker.channel() as ch:
-        ch.exchange_declare(exchange, "fanout")
-        ch.queue_declare(dlq)
-        ch.queue_bind(dlq, exchange)
+    exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")
     svc = run_service(
         sub.url,
         delivery={"retry": 1},
@@ -162,11 +158,7 @@ def test_failed_dead_letter_is_never_acked_but_requeued(make_subscriber, run_ser
 
 def test_no_target_and_a_queue_dlx_rejects_into_the_dlx(make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(422))
-    exchange, dlq = broker.unique("qdlx"), broker.unique("qdlq")
-    with broker.channel() as ch:
-        ch.exchange_declare(exchange, "fanout")
-        ch.queue_declare(dlq)
-        ch.queue_bind(dlq, exchange)
+    exchange, dlq = broker.declare_fanout_with_queue(prefix="qdlx")
     svc = run_service(
         sub.url,
         declare={"dead_letter_exchange": exchange},
@@ -249,11 +241,7 @@ REPLY = {
 
 def test_reply_is_published_to_the_reply_exchange_before_the_ack(make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b'{"r": 1}'))
-    exchange, replies = broker.unique("rx"), broker.unique("rq")
-    with broker.channel() as ch:
-        ch.exchange_declare(exchange, "fanout")
-        ch.queue_declare(replies)
-        ch.queue_bind(replies, exchange)
+    exchange, replies = broker.declare_fanout_with_queue(prefix="rx")
     svc = run_service(
         sub.url, reply={"exchange": exchange}, extra_queues=[replies], extra_exchanges=[exchange]
     )
@@ -368,3 +356,17 @@ def test_startup_objects_are_kept_out_of_full_garbage_collections(run_service, s
     running.service.request_stop()
     running.service.shutdown()
     assert gc.get_freeze_count() == 0
+
+
+def test_the_default_exchange_is_a_dead_letter_target(make_subscriber, run_service):
+    # `exchange: ""` is AMQP's default exchange (routing key = queue name), not "none".
+    sub = make_subscriber(lambda _r, _i: Reply(400))
+    dlq = broker.unique("default-dlq")
+    with broker.channel() as ch:
+        ch.queue_declare(dlq)
+    svc = run_service(sub.url, dead_letter={"exchange": "", "routing_key": dlq}, extra_queues=[dlq])
+    publish(svc.queue, b"{}", headers=event_headers("dflt-1"))
+    wait_until(lambda: queue_depth(dlq) == 1, message="the dead letter in the queue")
+    svc.wait_events("dead_lettered", 1)
+    ((properties, _body),) = broker.get_all(dlq)
+    assert properties.headers["ce-id"] == "dflt-1"

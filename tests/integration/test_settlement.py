@@ -87,15 +87,6 @@ def test_shutdown_lets_in_flight_work_finish_and_acks_it(make_subscriber, run_se
     assert queue_depth(svc.queue) == 0
 
 
-def declare_fanout_with_queue(url: str = broker.URL) -> tuple[str, str]:
-    exchange, queue = broker.unique("x"), broker.unique("xq")
-    with broker.channel(url) as ch:
-        ch.exchange_declare(exchange, "fanout")
-        ch.queue_declare(queue)
-        ch.queue_bind(queue, exchange)
-    return exchange, queue
-
-
 REPLY = {"ce-specversion": "1.0", "ce-id": "r", "ce-source": "/r", "ce-type": "t"}
 
 
@@ -105,7 +96,7 @@ def test_shutdown_during_a_reply_retry_leaves_the_message_not_rejected(
     """PRODUCT.md: at shutdown the rest is left unacked, not dead-lettered (review defect 2)."""
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
     ingress = make_subscriber(lambda _r, _i: Reply(503))
-    dlx, dlq = declare_fanout_with_queue()
+    dlx, dlq = broker.declare_fanout_with_queue()
     svc = run_service(
         sub.url,
         reply={"url": ingress.url},

@@ -118,3 +118,13 @@ def delete(queues: list[str] = (), exchanges: list[str] = (), url: str = URL) ->
             ch.queue_delete(q)
         for x in exchanges:
             ch.exchange_delete(x)
+
+
+def declare_fanout_with_queue(url: str = URL, prefix: str = "x") -> tuple[str, str]:
+    """A fresh fanout exchange and a queue bound to it: (exchange, queue)."""
+    exchange, queue = unique(prefix), unique(f"{prefix}q")
+    with channel(url) as ch:
+        ch.exchange_declare(exchange, "fanout")
+        ch.queue_declare(queue)
+        ch.queue_bind(queue, exchange)
+    return exchange, queue

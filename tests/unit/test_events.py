@@ -348,3 +348,18 @@ def test_structured_utf16_json_is_still_read():
     body = json.dumps(document).encode("utf-16")
     message = AmqpMessage(body, {}, "application/cloudevents+json")
     assert json.loads(events.from_amqp(message).data or b"") == {"a": 1}
+
+
+def test_bytes_names_and_properties_from_pika_become_text():
+    # pika gives bytes for names and properties that are not UTF-8; wrapping
+    # and digesting must not fail on them (it failed on every redelivery).
+    properties = SimpleNamespace(
+        headers={b"k\xff": "v", "nested": {b"x\xfe": 1}},
+        content_type=b"text/plain\xe9",
+        message_id=None,
+    )
+    message = events.amqp_message(b"body", properties)
+    assert next(iter(message.headers)) == "k\xff" and message.content_type == "text/plain\xe9"
+    event, problem = events.read(message, "/", "q")
+    assert problem is None and event.type == events.WRAPPED_TYPE
+    assert event.id == events.read(events.amqp_message(b"body", properties), "/", "q")[0].id
