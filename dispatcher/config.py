@@ -183,7 +183,10 @@ def load_settings(path: str | None, environ: Mapping[str, str]) -> Settings:
         from dispatcher import knative  # knative imports this module
 
         if knative.wanted(environ, os.path.exists(resolved)):
-            return settings_from_dict(knative.raw_config(environ), environ, knative.ORIGINS)
+            # raw_config has applied RABBITMQ_URL already (with RABBITMQ_VHOST):
+            # applying it again would drop that vhost.
+            rest = {k: v for k, v in environ.items() if k != "RABBITMQ_URL"}
+            return settings_from_dict(knative.raw_config(environ), rest, knative.ORIGINS)
     raw = _read_yaml(resolved, named_by)
     return settings_from_dict(raw, environ)
 

@@ -40,6 +40,7 @@ arguments), so drop-in mode never declares it. A bad value is a
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -49,6 +50,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from dispatcher.config import parse_duration
 from dispatcher.errors import ConfigError
+from dispatcher.retry import Backoff
 
 KNATIVE_DEFAULT_BACKOFF_DELAY = 0.05
 DEFAULT_BACKOFF_MAX = 30.0
@@ -124,12 +126,12 @@ def _pem_file(pem: str) -> str:
 def _uncapped(delivery: dict[str, Any]) -> float:
     """Knative caps no backoff: make our cap the largest wait its schedule reaches."""
     retry, delay = delivery["retry"], delivery["backoff_delay"]
+    if not isinstance(delay, int | float):
+        return DEFAULT_BACKOFF_MAX  # validation reports a bad BACKOFF_DELAY by name
     if not isinstance(retry, int) or retry < 1:
-        return DEFAULT_BACKOFF_MAX  # validation reports a bad RETRY by name
-    if delivery["backoff_policy"] == "linear":
-        largest = delay * retry
-    else:
-        largest = delay * 2.0 ** min(retry - 1, 62)
+        # No retries, but the requeue wait uses the delay too: the cap must not be below it.
+        return float(max(DEFAULT_BACKOFF_MAX, delay))
+    largest = Backoff(delivery["backoff_policy"], delay, math.inf).base(retry - 1)
     return float(max(DEFAULT_BACKOFF_MAX, largest))
 
 

@@ -117,3 +117,17 @@ def test_vhost_and_subscriber_ca_certificates(tmp_path, monkeypatch):
     assert b.tls.ca_file is not None
     with open(b.tls.ca_file) as stream:
         assert stream.read() == pem
+
+
+def test_vhost_applies_to_the_rabbitmq_url_override_too(tmp_path, monkeypatch):
+    settings = load(
+        tmp_path, monkeypatch, RABBITMQ_URL="amqp://u:p@other:5672/%2F", RABBITMQ_VHOST="tenant"
+    )
+    assert settings.broker.url == "amqp://u:p@other:5672/tenant"
+
+
+def test_a_long_backoff_delay_without_retries_loads(tmp_path, monkeypatch):
+    # RETRY defaults to 0; the requeue wait still uses BACKOFF_DELAY, so the cap follows it.
+    [b] = load(tmp_path, monkeypatch, BACKOFF_DELAY="1m").bindings
+    assert b.delivery.backoff_delay == 60.0
+    assert b.delivery.backoff_max >= 60.0
