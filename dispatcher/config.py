@@ -28,6 +28,7 @@ import pika
 import yaml
 
 from dispatcher.errors import ConfigError
+from dispatcher.http11 import Origin
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -720,7 +721,12 @@ def _heartbeat(value: object, key: str) -> float:
 
 
 def _http_url(value: object, key: str) -> str:
-    return _url(value, key, ("http", "https"), "an http(s) URL")
+    url = _url(value, key, ("http", "https"), "an http(s) URL")
+    try:
+        Origin.parse(url)  # what delivery will do with it: fail here, not at start-up
+    except ValueError as e:  # UnicodeError too: a bad host label, a non-ASCII path
+        raise ConfigError(key, f"must be an http(s) URL, got {_show(url)} ({e})") from None
+    return url
 
 
 def _url(value: object, key: str, schemes: tuple[str, ...], what: str) -> str:

@@ -663,6 +663,16 @@ def test_url_needs_a_host(url: str) -> None:
     assert "with a host" in binding_error(subscriber=url)
 
 
+@pytest.mark.parametrize(
+    "url", ["http://a..b/", "http://example.com/p\u00e4", "http://" + "x" * 64 + ".com/"]
+)
+def test_url_that_delivery_could_not_use_is_a_config_error(url: str) -> None:
+    # `check` said such URLs were valid and `run` then crashed in start-up.
+    assert binding_error(subscriber=url).startswith(
+        "bindings[0].subscriber: must be an http(s) URL"
+    )
+
+
 def test_url_with_bad_port() -> None:
     with pytest.raises(ConfigError) as info:
         build(bindings=[binding(subscriber="http://host:99999/")])
