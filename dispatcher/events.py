@@ -531,9 +531,14 @@ def to_json(event: Event) -> bytes:
 
 
 def _parses(data: bytes) -> bool:
+    """Whether ``data`` can be spliced into a UTF-8 JSON document as it is.
+
+    Plain UTF-8 only: ``json.loads`` would also take a BOM or UTF-16, whose
+    bytes spliced in would corrupt the document (such data goes as base64).
+    """
     try:
-        strict_json(data)
-    except ValueError:
+        strict_json(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
         return False
     return True
 

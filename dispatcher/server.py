@@ -92,6 +92,8 @@ class OpsServer:
         class Handler(BaseHTTPRequestHandler):
             server_version = "dispatcher"
             sys_version = ""
+            # A client that connects and sends nothing must not hold a thread forever.
+            timeout = 10.0
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the delivery log

@@ -363,3 +363,11 @@ def test_bytes_names_and_properties_from_pika_become_text():
     event, problem = events.read(message, "/", "q")
     assert problem is None and event.type == events.WRAPPED_TYPE
     assert event.id == events.read(events.amqp_message(b"body", properties), "/", "q")[0].id
+
+
+@pytest.mark.parametrize("data", ['{"a": 1}'.encode("utf-8-sig"), '{"a": 1}'.encode("utf-16")])
+def test_json_data_that_is_not_plain_utf8_is_not_spliced_raw(data):
+    # Spliced as it is, a BOM or UTF-16 would make the structured document invalid.
+    event = Event({**REQUIRED, "datacontenttype": "application/json"}, data)
+    document = json.loads(events.to_json(event))
+    assert base64.b64decode(document["data_base64"]) == data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -44,3 +45,16 @@ def test_a_bad_tls_file_is_a_config_error_before_any_socket_or_thread(tmp_path):
 def test_closing_a_listener_that_never_started_returns():
     server = OpsServer("127.0.0.1", 0, CollectorRegistry(), lambda: 0.0, dict, lambda: False)
     server.close()  # socketserver.shutdown() would wait forever for serve_forever
+
+
+def test_a_probe_client_that_sends_nothing_is_dropped_not_kept_forever():
+    server = OpsServer("127.0.0.1", 0, CollectorRegistry(), lambda: 0.0, dict, lambda: False)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as silent:
+            silent.settimeout(30)
+            started = time.monotonic()
+            assert silent.recv(1) == b""  # the server closed it: its handler timed out
+            assert time.monotonic() - started < 15
+    finally:
+        server.close()
