@@ -34,7 +34,7 @@ import pika
 import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
-from dispatcher.broker_params import connection_parameters
+from dispatcher.broker_params import connection_parameters, release
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.events import amqp_message
 from dispatcher.handler import Action, Delivery
@@ -207,7 +207,7 @@ class Supervisor:
                 self._forget_channel(b)
             self._metrics.broker_connected.set(0)
             self._metrics.set_blocked("consumer", False)
-            connection.ioloop.close()  # frees the poller and its wake-up pipe
+            release(connection)
         return self._close_reason
 
     def _tick(self, connection: Any) -> None:
@@ -289,6 +289,8 @@ class Supervisor:
         )
 
     def _consume(self, b: _Binding, channel: Any, generation: int) -> None:
+        if self._stopping.is_set():
+            return  # shutdown cancelled consumers while this channel was being set up
         channel.basic_consume(
             b.settings.queue,
             on_message_callback=partial(self._on_message, b, generation),

@@ -1,4 +1,5 @@
-"""pika connection parameters from ``BrokerSettings`` (URL, heartbeat, TLS, name)."""
+"""pika connections from ``BrokerSettings``: parameters (URL, heartbeat, TLS, name),
+and the teardown every ``SelectConnection`` owner needs."""
 
 from __future__ import annotations
 
@@ -37,3 +38,18 @@ def _tls_context(broker: BrokerSettings) -> ssl.SSLContext:
 def virtual_host(broker: BrokerSettings) -> str:
     vhost: Any = pika.URLParameters(broker.url).virtual_host
     return str(vhost)
+
+
+def release(connection: Any, bound: float = 5.0) -> None:
+    """After a ``SelectConnection``'s loop has returned: close it if it is still open
+    (an exception ended the loop, not a close), waiting at most ``bound`` seconds,
+    then free the loop's poller and wake-up pipe. Never raises."""
+    try:
+        if not connection.is_closed:
+            connection.ioloop.call_later(bound, connection.ioloop.stop)
+            connection.close()
+            connection.ioloop.start()  # until the close completes (its callback stops it)
+    except Exception:  # a connection that cannot even close is dropped with its loop
+        pass
+    finally:
+        connection.ioloop.close()

@@ -30,6 +30,7 @@ import pika
 import pika.exceptions
 from pika.spec import Basic
 
+from dispatcher.broker_params import release
 from dispatcher.retry import Backoff
 
 DEFAULT_WINDOW: Final = 1000
@@ -131,18 +132,21 @@ class ConfirmedPublisher:
 
     def _run_one_connection(self) -> None:
         self.result.connections += 1
+        connection = None
         try:
-            self._connection = pika.SelectConnection(
+            connection = self._connection = pika.SelectConnection(
                 self._parameters,
                 on_open_callback=self._on_connection_open,
                 on_open_error_callback=self._on_open_error,
                 on_close_callback=self._on_connection_closed,
             )
-            self._connection.ioloop.start()
+            connection.ioloop.start()
         except Exception as e:  # pika raises from inside its loop on socket errors
             self._last_error = f"{type(e).__name__}: {e}"
             self._requeue_unconfirmed()
         finally:
+            if connection is not None:
+                release(connection)  # every attempt's socket and loop, not the GC's job
             self._connection, self._channel = None, None
 
     def _fail_the_rest(self, reason: str) -> None:

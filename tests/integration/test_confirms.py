@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import socket
 import time
 from collections import Counter
@@ -162,3 +164,21 @@ def test_an_input_error_is_raised_not_counted_as_done(queue: str) -> None:
 
     with pytest.raises(RuntimeError, match="could not be read"):
         ConfirmedPublisher(params(), "", queue).publish(broken())
+
+
+def test_every_connection_attempt_frees_its_sockets_and_loop() -> None:
+    # Each attempt's SelectConnection owns a socket, a poller and a wake-up pipe;
+    # leaving them to the garbage collector leaked them across a give-up's retries.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        url = f"amqp://guest:guest@127.0.0.1:{unused.getsockname()[1]}/%2F"
+    fds = len(os.listdir("/proc/self/fd"))
+    gc.disable()
+    try:
+        result = ConfirmedPublisher(
+            params(url), "", "anything", give_up_after=1.0, sleep=lambda s: time.sleep(0.05)
+        ).publish(records(3))
+        assert result.connections >= 5
+        assert len(os.listdir("/proc/self/fd")) <= fds + 1
+    finally:
+        gc.enable()
