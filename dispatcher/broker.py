@@ -282,9 +282,8 @@ class Supervisor:
         # ordered: one unacked message at a time is what keeps queue order,
         # retries included. Per-consumer (global_qos=False): a global qos on a
         # quorum queue closes the connection.
-        prefetch = 1 if b.settings.ordered else b.settings.parallelism
         channel.basic_qos(
-            prefetch_count=prefetch,
+            prefetch_count=b.settings.workers,
             callback=lambda _frame: self._consume(b, channel, generation),
         )
 

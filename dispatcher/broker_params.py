@@ -3,7 +3,6 @@ and the teardown every ``SelectConnection`` owner needs."""
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import pika
@@ -24,15 +23,8 @@ def connection_parameters(broker: BrokerSettings, role: str) -> pika.URLParamete
     params.stack_timeout = CONNECT_TIMEOUT * 1.5
     params.client_properties = {"connection_name": f"{broker.connection_name}-{role}"}
     if params.ssl_options is not None or broker.url.startswith("amqps://"):
-        params.ssl_options = pika.SSLOptions(_tls_context(broker), params.host)
+        params.ssl_options = pika.SSLOptions(broker.tls.context(), params.host)
     return params
-
-
-def _tls_context(broker: BrokerSettings) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=broker.tls.ca_file)
-    if broker.tls.cert_file:
-        context.load_cert_chain(broker.tls.cert_file, broker.tls.key_file)
-    return context
 
 
 def virtual_host(broker: BrokerSettings) -> str:

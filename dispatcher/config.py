@@ -19,7 +19,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Hashable, Mapping
+import ssl
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlsplit
@@ -54,6 +56,13 @@ class TlsSettings:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """A client context: these CAs (else the system's) and this client certificate."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +158,12 @@ class BindingSettings:
     # Not in PRODUCT.md: bodies above this are dead-lettered, not buffered.
     max_body_size: int = field(default=8 * 1024 * 1024, metadata=_SIZE)
 
+    @property
+    def workers(self) -> int:
+        """Deliveries in flight at once: the prefetch and the worker-pool size, which
+        must be equal (memory is bounded because the broker never sends more)."""
+        return 1 if self.ordered else self.parallelism
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -203,13 +218,8 @@ def load_broker_settings(path: str | None, environ: Mapping[str, str]) -> Broker
     if path or named_by != "config" or os.path.exists(resolved):
         raw = _read_yaml(resolved, named_by)
     merged, origins = _apply_env_overrides({"broker": raw.get("broker")}, environ)
-    try:
+    with _blaming_variables(origins):
         return _broker(merged.get("broker"), "broker")
-    except ConfigError as err:
-        variable = origins.get(err.key)
-        if variable is None:
-            raise
-        raise ConfigError(variable, err.problem) from None
 
 
 def settings_from_dict(
@@ -223,11 +233,17 @@ def settings_from_dict(
     ``raw`` itself was built from the environment, so errors name those.
     """
     merged, origins = _apply_env_overrides(raw, environ)
-    origins = {**(origins_of_raw or {}), **origins}
-    try:
+    with _blaming_variables({**(origins_of_raw or {}), **origins}):
         return _settings(merged, "")
+
+
+@contextmanager
+def _blaming_variables(origins: Mapping[str, str]) -> Iterator[None]:
+    """A ConfigError about a key that came from a variable names the variable:
+    the user has to fix that, not the file."""
+    try:
+        yield
     except ConfigError as err:
-        # The user has to fix the variable, not the file: name the variable.
         variable = origins.get(err.key)
         if variable is None:
             raise

@@ -17,7 +17,6 @@ failed attempt is a status of ``-1`` with a short reason.
 
 from __future__ import annotations
 
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -61,13 +60,6 @@ class Outcome:
 AttemptObserver = Callable[[int, float], None]  # (status, seconds)
 
 
-def tls_context(tls: TlsSettings) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=tls.ca_file)
-    if tls.cert_file:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
-    return context
-
-
 class ThreadClients:
     """Keep-alive connections per worker thread, all configured alike.
 
@@ -78,7 +70,7 @@ class ThreadClients:
     """
 
     def __init__(self, tls: TlsSettings, connections_per_thread: int = 2) -> None:
-        self._connections = ThreadConnections(tls_context(tls), connections_per_thread)
+        self._connections = ThreadConnections(tls.context(), connections_per_thread)
 
     def get(self) -> Connections:
         return self._connections.get()

@@ -139,7 +139,6 @@ class Metrics:
     def binding(self, binding: str) -> BindingMetrics:
         """The children of one binding, looked up once: ``labels()`` on every message
         cost about 6 us of a delivery's CPU."""
-        self.register_binding(binding)
         return BindingMetrics(self, binding)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:

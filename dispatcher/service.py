@@ -75,7 +75,6 @@ class Service:
             self._add_binding(binding, clients, vhost)
 
     def _add_binding(self, binding: BindingSettings, client: ThreadClients, vhost: str) -> None:
-        workers = 1 if binding.ordered else binding.parallelism
         self.metrics.delivery_timeout.labels(binding.name).set(binding.delivery.timeout)
         metrics = self.metrics.binding(binding.name)
         publish_timeout = binding.delivery.timeout
@@ -117,7 +116,9 @@ class Service:
             self._give_up,
         )
         pool: WorkerPool[Delivery] = WorkerPool(
-            f"worker-{binding.name}", workers, partial(self._work, binding.name, metrics, handler)
+            f"worker-{binding.name}",
+            binding.workers,
+            partial(self._work, binding.name, metrics, handler),
         )
         self._pools.append(pool)
         self.supervisor.add_binding(binding, pool.submit)
