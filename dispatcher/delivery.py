@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from dispatcher import http11
 from dispatcher.config import DeliverySettings, TlsSettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http11 import Connections, HttpError, Origin, ThreadConnections
@@ -110,12 +111,17 @@ class HttpTarget:
         return (d.retry + 1) * d.timeout + d.retry * d.backoff_max
 
     def send(self, request: HttpRequestParts) -> Outcome:
+        try:  # built once: every attempt sends the same bytes
+            raw = http11.request(self._origin, [*request.headers.items(), USER_AGENT], request.body)
+        except HttpError as e:
+            # A header no HTTP request may carry: no attempt could ever succeed.
+            return Outcome(Result.FAILED, Attempt(-1, error=e.reason), 0)
         deadline = self._clock() + self.deadline_seconds()
         retries = self._delivery.retry
         number = 0
         while True:
             budget = min(self._delivery.timeout, deadline - self._clock())
-            attempt = self._attempt(request, budget)
+            attempt = self._attempt(raw, budget)
             number += 1
             verdict = classify(attempt.status)
             if verdict is Verdict.SUCCESS:
@@ -130,18 +136,17 @@ class HttpTarget:
             if self._stopping.wait(wait):
                 return Outcome(Result.ABANDONED, attempt, number)
 
-    def _attempt(self, request: HttpRequestParts, budget: float) -> Attempt:
+    def _attempt(self, raw: bytes, budget: float) -> Attempt:
         started = self._clock()
-        attempt = self._post(request, max(budget, 0.001))
+        attempt = self._post(raw, max(budget, 0.001))
         if self._observe is not None:
             self._observe(attempt.status, self._clock() - started)
         return attempt
 
-    def _post(self, request: HttpRequestParts, budget: float) -> Attempt:
-        headers = [*request.headers.items(), USER_AGENT]
+    def _post(self, raw: bytes, budget: float) -> Attempt:
         try:
             response = self._clients.get().post(
-                self._origin, headers, request.body, budget, self._max_response, ERROR_BODY_LIMIT
+                self._origin, raw, budget, self._max_response, ERROR_BODY_LIMIT
             )
         except HttpError as e:
             return Attempt(-1, error="timeout" if e.timeout else e.reason)

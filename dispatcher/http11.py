@@ -149,20 +149,19 @@ class Connections:
     def post(
         self,
         origin: Origin,
-        headers: Sequence[tuple[str, str]],
-        body: bytes,
+        request: bytes,
         timeout: float,
         limit: int,
         error_limit: int | None = None,
     ) -> Response:
-        """POST and read the response; ``HttpError`` if it is not complete within ``timeout``
-        seconds, all of it (connect, send, every read) on one clock.
+        """Send ``request`` (from ``request()``) and read the response; ``HttpError`` if it
+        is not complete within ``timeout`` seconds, all of it (connect, send, every
+        read) on one clock.
 
         A body longer than ``limit`` (``error_limit`` for a status that is not
         2xx) is cut there and marked truncated; the connection is then closed.
         """
         deadline = self._clock() + timeout
-        request = _request(origin, headers, body)
         connection = self._checkout(origin, deadline)
         try:
             self._send(connection, request, deadline)
@@ -407,7 +406,8 @@ class ThreadConnections:
             connections.close()
 
 
-def _request(origin: Origin, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:
+def request(origin: Origin, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:
+    """The bytes of a POST to ``origin``: built once, sent on every attempt."""
     lines = [
         f"POST {origin.target.decode('ascii')} HTTP/1.1",
         f"Host: {origin.host_header.decode('ascii')}",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dispatcher.http11 import Connections, HttpError, Origin, Response
+from dispatcher.http11 import Connections, HttpError, Origin, Response, request
 
 Script = Callable[[socket.socket, bytes], bool]  # (connection, request) -> keep going?
 
@@ -97,7 +97,8 @@ def post(
     error_limit: int | None = None,
 ) -> Response:
     client = client or Connections(None)
-    return client.post(server.origin, [("ce-id", "1")], b"{}", timeout, limit, error_limit)
+    raw = request(server.origin, [("ce-id", "1")], b"{}")
+    return client.post(server.origin, raw, timeout, limit, error_limit)
 
 
 def test_request_line_host_and_headers(serve) -> None:
@@ -217,14 +218,14 @@ def test_refused_connection(serve) -> None:
         port = unused.getsockname()[1]
     origin = Origin.parse(f"http://127.0.0.1:{port}/")
     with pytest.raises(HttpError, match="connect failed") as error:
-        Connections(None).post(origin, [], b"", 1.0, 100)
+        Connections(None).post(origin, request(origin, [], b""), 1.0, 100)
     assert not error.value.timeout
 
 
 def test_a_header_cannot_smuggle_another(serve) -> None:
     server = serve(answer(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
     with pytest.raises(HttpError, match="line break"):
-        Connections(None).post(server.origin, [("ce-x", "a\r\nEvil: 1")], b"", 1.0, 100)
+        request(server.origin, [("ce-x", "a\r\nEvil: 1")], b"")
     assert server.requests == []
 
 
@@ -298,7 +299,7 @@ def test_sending_a_large_body_to_a_slow_reader_stays_within_the_budget() -> None
     started = time.monotonic()
     try:
         with pytest.raises(HttpError) as error:
-            Connections(None).post(origin, [], b"x" * (8 * 1024 * 1024), 1.0, 100)
+            Connections(None).post(origin, request(origin, [], b"x" * (8 * 1024 * 1024)), 1.0, 100)
         elapsed = time.monotonic() - started
     finally:
         listener.close()
