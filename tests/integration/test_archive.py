@@ -455,3 +455,25 @@ def test_an_unreachable_broker_exits_1_with_one_line_and_no_password(tmp_path):
     assert stderr.count("\n") == 1 and stderr.startswith("dispatcher: cannot connect to the broker")
     assert "guest:***@127.0.0.1" in stderr
     assert "hunter2" not in stdout + stderr
+
+
+def test_every_archived_message_is_acked_on_its_own_after_its_file_exists(
+    queue, tmp_path, monkeypatch
+):
+    # Invariant 3 (and 1): a multiple ack would settle whatever else is unacked on
+    # the channel; an ack before the file is in place could lose the message.
+    acks: list[tuple[int, bool, int]] = []
+    original = pika.adapters.blocking_connection.BlockingChannel.basic_ack
+
+    def spy(channel, delivery_tag=0, multiple=False):
+        acks.append((delivery_tag, multiple, len(part_files(tmp_path))))
+        return original(channel, delivery_tag=delivery_tag, multiple=multiple)
+
+    monkeypatch.setattr(pika.adapters.blocking_connection.BlockingChannel, "basic_ack", spy)
+    fill(queue, [f"s{i}" for i in range(10)])
+    result = run_archive(queue, tmp_path, max_events=10, batch_size=4)
+    assert result.archived == 10
+    assert len(acks) == 10 and len({tag for tag, _, _ in acks}) == 10
+    assert not any(multiple for _, multiple, _ in acks)
+    # The k-th ack comes after the file of its batch (batches hold at most 4) exists.
+    assert all(files >= k // 4 + 1 for k, (_, _, files) in enumerate(acks)), acks

@@ -78,3 +78,30 @@ def test_each_delivery_is_settled_once_and_never_with_multiple(make_subscriber, 
     assert sorted(sub.ids()) == ids
     assert svc.value("dispatcher_reconnects_total", reason="channel_closed") == 0
     assert svc.service.supervisor._bindings["b"].generation == first_generation
+
+
+def test_requeues_are_single_settlements_too(make_subscriber, run_service):
+    """Invariant 3 on the nack path: with no dead-letter target every 400 is
+    requeued, out of order with the acks around it. A `multiple` nack would
+    requeue deliveries still in flight, and their own settlements would then
+    draw 406, closing the channel."""
+    seen: dict[str, int] = {}
+
+    def behaviour(request, i):
+        event_id = request.headers["ce-id"]
+        seen[event_id] = seen.get(event_id, 0) + 1
+        refused = int(event_id[-2:]) % 2 == 1 and seen[event_id] == 1
+        return Reply(400 if refused else 200, delay=0.3 if i % 3 == 0 else 0.02)
+
+    sub = make_subscriber(behaviour)
+    svc = run_service(sub.url, parallelism=4, delivery={"retry": 0, "backoff_delay": "10ms"})
+    first_generation = svc.service.supervisor._bindings["b"].generation
+    ids = [f"n-{i:02d}" for i in range(16)]
+    publish_events(svc.queue, ids)
+    svc.wait_events("delivered", 16, timeout=20)
+    wait_until(lambda: queue_depth(svc.queue) == 0, message="the queue to drain")
+    assert unacked(svc.queue) == 0
+    assert svc.events("requeued") == 8
+    assert sorted(set(sub.ids())) == ids and len(sub.ids()) == 24
+    assert svc.value("dispatcher_reconnects_total", reason="channel_closed") == 0
+    assert svc.service.supervisor._bindings["b"].generation == first_generation

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from dispatcher.dedupe import Claim, DedupeStore
 
@@ -91,3 +92,28 @@ def test_capacity_forgets_the_oldest_first():
 def test_window_zero_is_off():
     assert DedupeStore(window=0).enabled is False
     assert DedupeStore(window=1).enabled is True
+
+
+def test_waiters_that_arrive_before_the_release_are_all_woken():
+    # A claim makes no Event until someone waits; every waiter must share the one
+    # made and be woken by the release (a lost wake-up would hold them to the deadline).
+    store = DedupeStore(window=10.0)
+    claim = store.claim(KEY)
+    assert claim is not None and claim.done is None  # nobody waits: nothing made
+    results: list[object] = []
+    waiters = [
+        threading.Thread(target=lambda: results.append(store.claim_or_wait(KEY, 30, NEVER)))
+        for _ in range(2)
+    ]
+    for waiter in waiters:
+        waiter.start()
+    deadline = time.monotonic() + 5
+    while claim.done is None or sum(w.is_alive() for w in waiters) < 2:
+        assert time.monotonic() < deadline, "the waiters never started waiting"
+        time.sleep(0.005)
+    started = time.monotonic()
+    store.release(claim, settled=True)
+    for waiter in waiters:
+        waiter.join(5)
+    assert results == ["settled", "settled"]
+    assert time.monotonic() - started < 2  # woken by the release, not by their 30 s deadline

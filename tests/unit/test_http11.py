@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from dispatcher.config import TlsSettings
 from dispatcher.http11 import Connections, HttpError, Origin, Response, request
+from tests.support.node import make_tls_material
 
 Script = Callable[[socket.socket, bytes], bool]  # (connection, request) -> keep going?
 
@@ -207,9 +209,29 @@ def test_broken_responses_are_errors_not_crashes(serve, raw: bytes, reason: str)
 
 def test_a_silent_server_times_out_within_the_budget(serve) -> None:
     server = serve(lambda _conn, _request: threading.Event().wait(5) and False)
+    started = time.monotonic()
     with pytest.raises(HttpError) as error:
         post(server, timeout=0.2)
     assert error.value.timeout
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_tls_handshake_that_never_answers_times_out_within_the_budget(tmp_path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)  # accepted by the kernel, then silence: no ServerHello ever
+    ca = make_tls_material(tmp_path) / "ca.pem"
+    origin = Origin.parse(f"https://127.0.0.1:{listener.getsockname()[1]}/")
+    started = time.monotonic()
+    try:
+        with pytest.raises(HttpError, match="TLS handshake timed out") as error:
+            Connections(TlsSettings(ca_file=str(ca)).context()).post(
+                origin, request(origin, [], b""), 0.3, 100
+            )
+    finally:
+        listener.close()
+    assert error.value.timeout
+    assert time.monotonic() - started < 1.5
 
 
 def test_refused_connection(serve) -> None:
