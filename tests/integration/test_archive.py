@@ -51,27 +51,41 @@ def queue() -> Iterator[str]:
 # --------------------------------------------------------------------- helpers
 
 
-def run_archive(queue: str, out: Path, timeout: float = 60, **options: Any) -> ArchiveResult:
-    """``archive`` in a thread, bounded: a run that does not return fails the test."""
-    found: list[ArchiveResult | BaseException] = []
-    stop = options.setdefault("stop", threading.Event())
+class Running:
+    """``archive`` on a thread of its own, so a test can act while it runs."""
 
-    def target() -> None:
+    def __init__(self, queue: str, out: Path, **options: Any) -> None:
+        self.stop: threading.Event = options.setdefault("stop", threading.Event())
+        self._outcome: list[ArchiveResult | BaseException] = []
+        broker_settings = options.pop("broker", SETTINGS)
+        self.thread = threading.Thread(
+            target=self._run, args=(queue, out, broker_settings, options), daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, queue: str, out: Path, settings: BrokerSettings, options: Any) -> None:
         try:
-            found.append(archive(queue, out, options.pop("broker", SETTINGS), **options))
+            self._outcome.append(archive(queue, out, settings, **options))
         except BaseException as e:  # handed to the test thread
-            found.append(e)
+            self._outcome.append(e)
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        stop.set()
-        thread.join(10)
-        raise AssertionError(f"archive did not return within {timeout}s")
-    if isinstance(found[0], BaseException):
-        raise found[0]
-    return found[0]
+    def finish(self, timeout: float, what: str = "return") -> ArchiveResult | BaseException:
+        """Bounded: waits ``timeout`` for it to end by itself, then stops it; fails if it
+        had not ended."""
+        self.thread.join(timeout)
+        ended = not self.thread.is_alive()
+        self.stop.set()
+        self.thread.join(10)
+        assert ended, f"archive did not {what} within {timeout}s"
+        return self._outcome[0]
+
+
+def run_archive(queue: str, out: Path, timeout: float = 60, **options: Any) -> ArchiveResult:
+    """``archive`` bounded: a run that does not return fails the test."""
+    outcome = Running(queue, out, **options).finish(timeout)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def fill(queue: str, ids: list[str], body: bytes = b'{"n":1}') -> None:
@@ -242,21 +256,14 @@ def test_idle_exit_returns_once_the_queue_has_been_idle_that_long(queue, tmp_pat
 
 def test_a_partial_batch_is_written_after_the_flush_interval_while_running(queue, tmp_path):
     fill(queue, ["a", "b", "c"])
-    stop = threading.Event()
-    result: list[ArchiveResult] = []
-    thread = threading.Thread(
-        target=lambda: result.append(archive(queue, tmp_path, SETTINGS, stop=stop)), daemon=True
-    )
-    thread.start()
+    running = Running(queue, tmp_path)
     try:
         broker.wait_until(lambda: part_files(tmp_path), 10, "a part file of the partial batch")
-        assert thread.is_alive(), "archive returned without a stop condition"
+        assert running.thread.is_alive(), "archive returned without a stop condition"
         assert sorted(e.id for _, e in read_archive(tmp_path)) == ["a", "b", "c"]
     finally:
-        stop.set()
-        thread.join(10)
-    assert not thread.is_alive(), "archive did not return within 10s of the stop request"
-    assert result == [ArchiveResult(archived=3, files=1, stopped="stop")]
+        running.stop.set()
+    assert running.finish(10) == ArchiveResult(archived=3, files=1, stopped="stop")
     assert broker.queue_depth(queue) == 0
 
 
@@ -282,29 +289,15 @@ def test_a_lost_connection_stops_with_exit_1_and_loses_nothing(queue, tmp_path):
     published = [f"m{i}" for i in range(300)]
     fill(queue, published)
     proxy = FaultProxy(5672)
-    settings = BrokerSettings(url=proxy.url)
-    stop = threading.Event()
-    outcome: list[BaseException | ArchiveResult] = []
-
-    def target() -> None:
-        try:
-            outcome.append(archive(queue, tmp_path, settings, batch_size=50, stop=stop))
-        except BaseException as e:
-            outcome.append(e)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
+    running = Running(queue, tmp_path, broker=BrokerSettings(url=proxy.url), batch_size=50)
     try:
         broker.wait_until(lambda: part_files(tmp_path), 10, "a first part file")
         proxy.reset_all()
-        thread.join(20)
-        assert not thread.is_alive(), "archive did not notice the lost connection within 20s"
+        error = running.finish(20, "notice the lost connection")
     finally:
-        stop.set()
-        thread.join(10)
+        running.stop.set()
         proxy.close()
 
-    error = outcome[0]
     assert isinstance(error, ArchiveError), error
     assert error.exit_code == 1
     assert "lost the connection to the broker" in error.message, error.message
@@ -315,26 +308,13 @@ def test_a_lost_connection_stops_with_exit_1_and_loses_nothing(queue, tmp_path):
 
 def test_a_deleted_queue_ends_the_run_with_exit_1(queue, tmp_path):
     fill(queue, ["a"])
-    stop = threading.Event()
-    outcome: list[BaseException | ArchiveResult] = []
-
-    def target() -> None:
-        try:
-            outcome.append(archive(queue, tmp_path, SETTINGS, stop=stop))
-        except BaseException as e:
-            outcome.append(e)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
+    running = Running(queue, tmp_path)
     try:
         broker.wait_until(lambda: part_files(tmp_path), 10, "the part file")
         broker.delete([queue])
-        thread.join(10)
-        assert not thread.is_alive(), "archive did not notice the cancelled consumer within 10s"
+        error = running.finish(10, "notice the cancelled consumer")
     finally:
-        stop.set()
-        thread.join(10)
-    error = outcome[0]
+        running.stop.set()
     assert isinstance(error, ArchiveError), error
     assert error.exit_code == 1 and "cancelled the consumer" in error.message
 
