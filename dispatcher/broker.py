@@ -107,9 +107,6 @@ class Supervisor:
     def start(self) -> None:
         self._thread.start()
 
-    def ready(self) -> bool:
-        return not self._stopping.is_set() and all(self.consumers().values())
-
     def consumers(self) -> dict[str, bool]:
         """Binding name -> has a live consumer."""
         return {name: b.consumer_tag is not None for name, b in self._bindings.items()}

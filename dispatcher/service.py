@@ -160,7 +160,8 @@ class Service:
             pass
 
     def ready(self) -> bool:
-        return not self._stop_requested.is_set() and self.supervisor.ready()
+        """What ``/readyz`` answers (one rule, not a copy of it)."""
+        return self.ops.readyz()[0] == 200
 
     def shutdown(self) -> None:
         grace = self.settings.shutdown.grace

@@ -40,7 +40,7 @@ def test_ack_for_a_dead_channel_is_dropped_not_sent_on_the_new_one(make_subscrib
     channel = supervisor._bindings["b"].channel
     supervisor._call_soon(connection, channel.close)
     wait_until(
-        lambda: supervisor._bindings["b"].generation > generation and supervisor.ready(),
+        lambda: supervisor._bindings["b"].generation > generation and svc.service.ready(),
         message="a new channel generation with a consumer",
     )
     wait_until(
