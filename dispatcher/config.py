@@ -471,7 +471,8 @@ def _delivery(raw: object, key: str) -> DeliverySettings:
     delivery = DeliverySettings(
         retry=s.get("retry", _int_at_least(0), d.retry),
         backoff_policy=s.get("backoff_policy", _choice("exponential", "linear"), d.backoff_policy),
-        backoff_delay=s.get("backoff_delay", parse_duration, d.backoff_delay),
+        # 0 would requeue a refused message straight back, in a hot loop.
+        backoff_delay=s.get("backoff_delay", _positive_duration, d.backoff_delay),
         backoff_max=s.get("backoff_max", parse_duration, d.backoff_max),
         timeout=s.get("timeout", _positive_duration, d.timeout),
     )

@@ -935,3 +935,10 @@ def test_password_redacted_in_yaml_errors(tmp_path: Path) -> None:
 def test_heartbeat_bounds(value, problem):
     assert error_of(broker={"heartbeat": value}).startswith("broker.heartbeat: " + problem)
     assert build(broker={"heartbeat": "1s"}).broker.heartbeat == 1.0
+
+
+def test_backoff_delay_zero_is_refused() -> None:
+    # The requeue wait is the backoff: 0 would loop a refused message hot.
+    assert binding_error(delivery={"backoff_delay": "0s"}) == (
+        "bindings[0].delivery.backoff_delay: must be > 0"
+    )
