@@ -348,6 +348,8 @@ class Connections:
             if chunk_size == 0:
                 # Trailers (rare) end with an empty line, like the head.
                 while not data.startswith(_CRLF) and (end := data.find(_HEAD_END)) < 0:
+                    if len(data) > _MAX_HEAD:
+                        raise HttpError("response trailers larger than 64 KiB")
                     data = self._more(connection, data, deadline)
                 data = data[2:] if data.startswith(_CRLF) else data[end + 4 :]
                 connection.buffer = data

@@ -329,3 +329,18 @@ def test_sending_a_large_body_to_a_slow_reader_stays_within_the_budget() -> None
             conn.close()
     assert error.value.timeout
     assert elapsed < 2.0
+
+
+def test_endless_trailers_are_an_error_not_a_buffer(serve) -> None:
+    def script(conn: socket.socket, _request: bytes) -> bool:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n")
+        try:
+            for _ in range(2000):  # trailer lines, never the empty line that ends them
+                conn.sendall(b"X-T: " + b"t" * 60 + b"\r\n")
+        except OSError:
+            return False
+        threading.Event().wait(5)
+        return False
+
+    with pytest.raises(HttpError, match="trailers larger"):
+        post(serve(script), timeout=3.0)
