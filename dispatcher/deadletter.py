@@ -18,7 +18,7 @@ from dispatcher.delivery import HttpTarget, Result
 from dispatcher.errors import PublishError
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
-from dispatcher.publisher import Publisher
+from dispatcher.publisher import Publisher, exchange_target
 
 log = get_logger()
 
@@ -72,12 +72,7 @@ class DeadLetterer:
         self._mode = content_mode
         self._sink = sink
         self._routing_key = settings.routing_key
-        # "" is the AMQP default exchange, a real target: only None means none.
-        self._exchange = (
-            (publisher, settings.exchange)
-            if publisher is not None and settings.exchange is not None
-            else None
-        )
+        self._exchange = exchange_target(publisher, settings.exchange)
         self._publish_timeout = publish_timeout
         self.has_target = sink is not None or self._exchange is not None
 

@@ -235,6 +235,16 @@ class Publisher:
         return channel
 
 
+def exchange_target(
+    publisher: Publisher | None, exchange: str | None
+) -> tuple[Publisher, str] | None:
+    """Where a configured ``exchange`` is published, or ``None`` when none is configured.
+
+    ``""`` is the AMQP default exchange, a real target: only ``None`` means none.
+    """
+    return None if publisher is None or exchange is None else (publisher, exchange)
+
+
 def _close_quietly(connection: Any) -> None:
     if connection is None:
         return

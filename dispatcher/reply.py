@@ -9,7 +9,7 @@ from dispatcher.config import ReplySettings
 from dispatcher.delivery import HttpTarget, Result
 from dispatcher.errors import PublishError
 from dispatcher.events import Event
-from dispatcher.publisher import Publisher
+from dispatcher.publisher import Publisher, exchange_target
 
 
 class Replier:
@@ -24,12 +24,7 @@ class Replier:
         self._mode = content_mode
         self._target = target
         self._routing_key = settings.routing_key
-        # "" is the AMQP default exchange, a real target: only None means none.
-        self._exchange = (
-            (publisher, settings.exchange)
-            if publisher is not None and settings.exchange is not None
-            else None
-        )
+        self._exchange = exchange_target(publisher, settings.exchange)
         self._publish_timeout = publish_timeout
         self.enabled = target is not None or self._exchange is not None
 
