@@ -14,7 +14,8 @@ import datetime as dt
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -197,17 +198,41 @@ def _run(settings: Settings) -> int:
 
     logs.configure(settings.logging.level, settings.logging.format)
     try:
-        service = Service(settings)
-    except ConfigError as e:
-        sys.stderr.write(f"dispatcher: {e}\n")
-        return EXIT_USAGE
-    _install_signal_handlers(service)
-    try:
-        service.run()
+        with _signals_for_the_main_thread_only():
+            try:
+                service = Service(settings)
+            except ConfigError as e:
+                sys.stderr.write(f"dispatcher: {e}\n")
+                return EXIT_USAGE
+            _install_signal_handlers(service)
+            service.start()
+        service.wait_for_stop()
+        service.shutdown()
     except Exception:
         logs.get_logger().exception("crashed")
         return EXIT_CRASH
     return EXIT_OK
+
+
+_SHUTDOWN_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextmanager
+def _signals_for_the_main_thread_only() -> Iterator[None]:
+    """Threads started inside inherit SIGTERM and SIGINT blocked.
+
+    Python runs handlers on the main thread only, and only when that thread
+    runs: a signal the kernel hands to another thread waits until the main
+    thread's current wait ends. During shutdown that wait is the whole grace
+    period, so a second signal ("exit now") could wait for it. With every
+    other thread blocking them, the kernel delivers them to the main thread,
+    which is interrupted at once. Signals that arrive meanwhile stay pending.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SHUTDOWN_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _install_signal_handlers(service: object) -> None:

@@ -183,11 +183,6 @@ class Service:
         gc.unfreeze()  # an embedding process (a test run) goes on collecting as before
         log.info("shutdown complete", clean=idle)
 
-    def run(self) -> None:
-        self.start()
-        self.wait_for_stop()
-        self.shutdown()
-
 
 def _clients(index: int, binding: BindingSettings) -> ThreadClients:
     """The binding's HTTP clients; its TLS files are loaded now, a bad one is a config error."""

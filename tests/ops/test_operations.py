@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -413,3 +414,21 @@ def test_knative_mode_errors_name_the_variable(tmp_path, env, message):
     assert result.returncode == 2, result.stdout
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_shutdown_signals_reach_the_main_thread_only(queue, make_subscriber, processes, tmp_path):
+    # Python runs signal handlers on the main thread, once that thread runs: a
+    # second SIGTERM taken by a worker thread waited out the shutdown grace.
+    sub = make_subscriber(lambda _r, _i: Reply(200))
+    proc = processes(config(queue, sub.url), tmp_path)
+    proc.wait_for("consumer attached", binding="ops")
+    wanted = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+    pid = proc.popen.pid
+    blocked = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        status = (task / "status").read_text()
+        mask = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
+        blocked[int(task.name)] = int(mask.split()[1], 16) & wanted
+    assert len(blocked) > 3  # supervisor, workers, ops server
+    assert blocked.pop(pid) == 0
+    assert set(blocked.values()) == {wanted}
