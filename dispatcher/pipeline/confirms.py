@@ -19,7 +19,6 @@ a success.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +30,7 @@ import pika.exceptions
 from pika.spec import Basic
 
 from dispatcher.broker_params import release
+from dispatcher.confirm_window import ConfirmWindow
 from dispatcher.retry import Backoff
 
 DEFAULT_WINDOW: Final = 1000
@@ -82,7 +82,7 @@ class ConfirmedPublisher:
         self._parameters = parameters
         self._exchange = exchange
         self._routing_key = routing_key
-        self._window = window
+        self._size = window
         self._interval = 1.0 / rate if rate else 0.0
         self._give_up_after = give_up_after
         self._backoff = backoff or Backoff("exponential", 0.2, 5.0)
@@ -92,10 +92,7 @@ class ConfirmedPublisher:
         self._source: Iterator[Outgoing] = iter(())
         self._exhausted = False
         self._resend: deque[Outgoing] = deque()
-        self._unconfirmed: dict[int, Outgoing] = {}  # by delivery tag, in publish order
-        self._tags_by_key: dict[tuple[str, str], int] = {}
-        self._returned: dict[int, str] = {}  # tag -> why the broker returned it
-        self._tag = 0
+        self._window: ConfirmWindow[Outgoing] = ConfirmWindow()
         self._next_slot = 0.0
         self._pump_scheduled = False
         self._connection: Any = None
@@ -128,7 +125,7 @@ class ConfirmedPublisher:
         return self.result
 
     def _finished(self) -> bool:
-        return self._exhausted and not self._resend and not self._unconfirmed
+        return self._exhausted and not self._resend and not self._window
 
     def _run_one_connection(self) -> None:
         self.result.connections += 1
@@ -180,7 +177,6 @@ class ConfirmedPublisher:
         channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_confirming)
 
     def _on_confirming(self, _frame: Any) -> None:
-        self._tag = 0  # delivery tags start again at 1 on every channel
         self._pump()
 
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
@@ -191,12 +187,9 @@ class ConfirmedPublisher:
             self._connection.close()
 
     def _requeue_unconfirmed(self) -> None:
-        if self._unconfirmed:
-            self.result.resent += len(self._unconfirmed)
-            self._resend.extendleft(reversed(self._unconfirmed.values()))
-        self._unconfirmed.clear()
-        self._tags_by_key.clear()
-        self._returned.clear()
+        lost = self._window.lost()  # and delivery tags start again at 1 on the next channel
+        self.result.resent += len(lost)
+        self._resend.extendleft(reversed(lost))
 
     # ----------------------------------------------------------------- publishing
 
@@ -204,7 +197,7 @@ class ConfirmedPublisher:
         channel = self._channel
         if channel is None or not channel.is_open:
             return
-        while len(self._unconfirmed) < self._window:
+        while len(self._window) < self._size:
             if self._interval:
                 wait = self._next_slot - self._clock()
                 if wait > 0:
@@ -216,9 +209,7 @@ class ConfirmedPublisher:
                 break
             # Unconfirmed before it is sent: if sending raises, the record is
             # resent on the next connection rather than lost.
-            self._tag += 1
-            self._unconfirmed[self._tag] = record
-            self._tags_by_key[record.key] = self._tag
+            tag = self._window.sent(record.key, record)
             try:
                 channel.basic_publish(
                     self._exchange,
@@ -232,9 +223,7 @@ class ConfirmedPublisher:
             except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as e:
                 # The record itself cannot be encoded (a header name or routing key
                 # too long for AMQP): fail it alone; the connection is unharmed.
-                self._unconfirmed.pop(self._tag)
-                self._tags_by_key.pop(record.key, None)
-                self._tag -= 1
+                self._window.unsend(tag)
                 self.result.fail(record, f"cannot be published: {type(e).__name__}: {e}")
         if self._finished():
             self._connection.close()
@@ -268,29 +257,17 @@ class ConfirmedPublisher:
 
     def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
         # A return comes before the confirm of the same message; match it by
-        # the event's identity, which is unique within a replay.
+        # the event's identity (unique within a replay, as duplicates are dropped).
         headers = properties.headers or {}
         key = (str(headers.get("ce-source")), str(headers.get("ce-id")))
-        tag = self._tags_by_key.get(key)
-        if tag is not None:
-            self._returned[tag] = f"unroutable: {method.reply_code} {method.reply_text}"
+        self._window.returned(key, f"unroutable: {method.reply_code} {method.reply_text}")
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
         acked = isinstance(method, Basic.Ack)
-        if method.multiple:
-            # Tags are in ascending order: stop at the first one not covered.
-            tags = list(itertools.takewhile(lambda t: t <= method.delivery_tag, self._unconfirmed))
-        else:
-            tags = [method.delivery_tag] if method.delivery_tag in self._unconfirmed else []
-        for tag in tags:
-            record = self._unconfirmed.pop(tag)
-            self._tags_by_key.pop(record.key, None)
-            returned = self._returned.pop(tag, None)
-            if not acked:
-                self.result.fail(record, "nacked by the broker")
-            elif returned is not None:
-                self.result.fail(record, returned)
-            else:
+        for record, error in self._window.confirmed(method.delivery_tag, method.multiple, acked):
+            if error is None:
                 self.result.published += 1
+            else:
+                self.result.fail(record, error)
         self._pump()
