@@ -3,9 +3,10 @@
 It connects, opens one channel per binding (so a channel-level close of one
 binding does not disturb the others), sets prefetch, consumes, notices every
 way consumption can stop, and rebuilds with jittered exponential backoff,
-forever. Deliveries are handed to the binding's worker pool; workers hand
-their verdict back through ``settle``, which queues it and wakes the pika
-thread with ``add_callback_threadsafe`` (one wake-up per batch, not per ack).
+forever. Messages are handed to the delivery engine; the engine hands its
+verdicts back in batches through ``settle``, which queues them and wakes the
+pika thread with ``add_callback_threadsafe`` (one wake-up per batch, not per
+ack).
 
 Every delivery carries the generation of the channel it arrived on. A verdict
 for a generation that is gone is dropped and counted as a stale ack: delivery
@@ -13,8 +14,17 @@ tags restart at 1 on every channel, so sending it on the new channel would
 settle a different message (FIELD-NOTES, failure 6 and invariant 2). The
 broker redelivers the old message itself.
 
-Only this thread touches pika objects; the lock guards the few fields that
-worker threads read (current connection, generations, pending verdicts).
+In flight per binding stays within ``parallelism`` across channel flaps
+(invariant 8). A delivery whose channel closed keeps running (its HTTP
+request is never aborted) and keeps its slot until its verdict comes back.
+So a new channel's consumer may prefetch only what is free: ``parallelism``
+minus the closed channels' deliveries still running. If nothing is free it
+waits; as that old work finishes, more consumers on the same channel take
+the freed room. A broker that closes the channel ten times in a row gets
+one prefetch's worth of messages held here, not ten.
+
+Only this thread touches pika objects; the lock guards the few fields other
+threads read (current connection, pending verdicts).
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -36,8 +46,9 @@ from pika.adapters.select_connection import SelectConnection
 
 from dispatcher.broker_params import connection_parameters, release
 from dispatcher.config import BindingSettings, BrokerSettings
+from dispatcher.engine import Verdict
 from dispatcher.events import amqp_message
-from dispatcher.handler import Action, Delivery
+from dispatcher.handler import Action, Received
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff
@@ -53,20 +64,16 @@ _RECONNECT_JITTER = 0.5
 @dataclass(slots=True)
 class _Binding:
     settings: BindingSettings
-    dispatch: Callable[[Delivery], None]
+    dispatch: Callable[[Received], None]
     channel: Any = None
     generation: int = 0
-    consumer_tag: str | None = None
+    consumer_tags: list[str] = field(default_factory=list)
+    ready: bool = False  # the channel is set up (queue declared): it may consume
+    prefetch: int = 0  # what this channel's consumers were given, in all
+    in_flight: int = 0  # handed to the engine, no verdict back yet: every generation
+    current: int = 0  # of those, the ones that arrived on this channel
     failures: int = 0  # consecutive channel failures, for backoff
     close_reason: str | None = None  # set when we close the channel on purpose
-
-
-@dataclass(frozen=True, slots=True)
-class _Verdict:
-    binding: _Binding
-    generation: int
-    tag: int
-    action: Action
 
 
 class Supervisor:
@@ -90,7 +97,7 @@ class Supervisor:
         self._bindings: dict[str, _Binding] = {}
         self._generations = itertools.count(1)
         self._lock = threading.Lock()
-        self._verdicts: deque[_Verdict] = deque()
+        self._verdicts: deque[Verdict] = deque()
         self._connection: Any = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
@@ -98,7 +105,7 @@ class Supervisor:
         self._was_open = False
         self.last_tick = time.monotonic()
 
-    def add_binding(self, settings: BindingSettings, dispatch: Callable[[Delivery], None]) -> None:
+    def add_binding(self, settings: BindingSettings, dispatch: Callable[[Received], None]) -> None:
         self._bindings[settings.name] = _Binding(settings, dispatch)
         self._metrics.register_binding(settings.name)
 
@@ -109,24 +116,15 @@ class Supervisor:
 
     def consumers(self) -> dict[str, bool]:
         """Binding name -> has a live consumer."""
-        return {name: b.consumer_tag is not None for name, b in self._bindings.items()}
+        return {name: bool(b.consumer_tags) for name, b in self._bindings.items()}
 
-    def settle(self, binding: str, delivery: Delivery, action: Action) -> None:
-        """Called by workers with the verdict for ``delivery``."""
-        if action is Action.LEAVE:
-            return
-        b = self._bindings[binding]
+    def settle(self, verdicts: list[Verdict]) -> None:
+        """Called by the engine with a batch of verdicts (``LEAVE`` included: each one
+        frees its delivery's slot)."""
         with self._lock:
-            if delivery.generation != b.generation:
-                stale = True
-            else:
-                stale = False
-                self._verdicts.append(_Verdict(b, delivery.generation, delivery.tag, action))
-                wake = len(self._verdicts) == 1
-                connection = self._connection
-        if stale:
-            self._count_stale(b)
-            return
+            wake = not self._verdicts
+            self._verdicts.extend(verdicts)
+            connection = self._connection
         if wake and connection is not None:
             self._call_soon(connection, self._apply_verdicts)
 
@@ -255,13 +253,13 @@ class Supervisor:
 
     def _on_channel_open(self, b: _Binding, channel: Any) -> None:
         generation = next(self._generations)
-        with self._lock:
-            b.channel, b.generation, b.consumer_tag = channel, generation, None
+        b.channel, b.generation, b.consumer_tags = channel, generation, []
+        b.ready, b.prefetch, b.current = False, 0, 0
         channel.add_on_close_callback(partial(self._on_channel_closed, b, generation))
         channel.add_on_cancel_callback(partial(self._on_cancelled, b, generation))
         declare = b.settings.declare
         if declare is None:
-            self._set_qos(b, channel, generation)
+            self._on_channel_ready(b, generation)
             return
         arguments: dict[str, Any] = {"x-queue-type": declare.type}
         if declare.dead_letter_exchange is not None:
@@ -272,21 +270,53 @@ class Supervisor:
             b.settings.queue,
             durable=declare.durable,
             arguments=arguments,
-            callback=lambda _frame: self._set_qos(b, channel, generation),
+            callback=lambda _frame: self._on_channel_ready(b, generation),
         )
 
-    def _set_qos(self, b: _Binding, channel: Any, generation: int) -> None:
-        # ordered: one unacked message at a time is what keeps queue order,
-        # retries included. Per-consumer (global_qos=False): a global qos on a
-        # quorum queue closes the connection.
+    def _on_channel_ready(self, b: _Binding, generation: int) -> None:
+        if generation != b.generation:
+            return
+        b.ready = True
+        orphans = b.in_flight
+        if orphans >= b.settings.workers:
+            log.warning(
+                "consumer waits for room: deliveries of a closed channel still run",
+                binding=b.settings.name,
+                running=orphans,
+            )
+        self._fill(b)
+
+    def _fill(self, b: _Binding) -> None:
+        """Consume with whatever room the binding's in-flight bound leaves.
+
+        A consumer's prefetch is fixed when it starts (per-consumer qos), so room
+        that frees up later is taken by another consumer on the same channel. The
+        first takes ``parallelism`` minus the closed channels' deliveries still
+        running (at least one must be free); more are added as those finish, a
+        quarter of ``parallelism`` at a time or the rest once they are all done:
+        a handful of consumers per channel at most, never a slot left idle long.
+        """
+        channel = b.channel
+        if not b.ready or channel is None or not channel.is_open or self._stopping.is_set():
+            return
+        orphans = b.in_flight - b.current
+        room = b.settings.workers - orphans - b.prefetch
+        step = max(1, b.settings.workers // 4)
+        if room < 1 or (b.prefetch and orphans and room < step):
+            return
+        b.prefetch += room
+        generation = b.generation
+        # Per consumer (global_qos=False): a global qos on a quorum queue closes
+        # the connection. ordered: workers is 1, which keeps queue order,
+        # retries included.
         channel.basic_qos(
-            prefetch_count=b.settings.workers,
+            prefetch_count=room,
             callback=lambda _frame: self._consume(b, channel, generation),
         )
 
     def _consume(self, b: _Binding, channel: Any, generation: int) -> None:
-        if self._stopping.is_set():
-            return  # shutdown cancelled consumers while this channel was being set up
+        if self._stopping.is_set() or generation != b.generation:
+            return  # shutdown, or the channel went while this consumer was being set up
         channel.basic_consume(
             b.settings.queue,
             on_message_callback=partial(self._on_message, b, generation),
@@ -296,16 +326,23 @@ class Supervisor:
     def _on_consuming(self, b: _Binding, generation: int, tag: str) -> None:
         if generation != b.generation:
             return
-        b.consumer_tag = tag
+        b.consumer_tags.append(tag)
         b.failures = 0
         self._metrics.consumer_up.labels(b.settings.name).set(1)
-        log.info("consumer attached", binding=b.settings.name, queue=b.settings.queue)
+        log.info(
+            "consumer attached",
+            binding=b.settings.name,
+            queue=b.settings.queue,
+            prefetch=b.prefetch,
+        )
 
     def _on_message(
         self, b: _Binding, generation: int, _channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
+        b.in_flight += 1
+        b.current += 1
         message = amqp_message(body, props)
-        b.dispatch(Delivery(generation, method.delivery_tag, bool(method.redelivered), message))
+        b.dispatch(Received(generation, method.delivery_tag, bool(method.redelivered), message))
 
     def _on_cancelled(self, b: _Binding, generation: int, _frame: Any) -> None:
         """The broker cancelled our consumer (queue deleted, node failover)."""
@@ -337,9 +374,11 @@ class Supervisor:
         connection.ioloop.call_later(delay, partial(self._open_channel, connection, b))
 
     def _forget_channel(self, b: _Binding) -> None:
-        was_consuming = b.consumer_tag is not None
-        with self._lock:
-            b.channel, b.consumer_tag, b.close_reason = None, None, None
+        was_consuming = bool(b.consumer_tags)
+        b.channel, b.consumer_tags, b.close_reason = None, [], None
+        # Its deliveries still running are the closed channel's now: they keep
+        # their slots (``in_flight``) but no longer count as this channel's.
+        b.ready, b.prefetch, b.current = False, 0, 0
         self._metrics.consumer_up.labels(b.settings.name).set(0)
         if was_consuming:
             log.info("consumer detached", binding=b.settings.name)
@@ -350,29 +389,45 @@ class Supervisor:
         with self._lock:
             verdicts = list(self._verdicts)
             self._verdicts.clear()
+        touched: set[str] = set()
         for v in verdicts:
-            channel = v.binding.channel
-            if channel is None or v.generation != v.binding.generation or not channel.is_open:
-                self._count_stale(v.binding)
+            b = self._bindings[v.binding]
+            touched.add(v.binding)
+            b.in_flight -= 1
+            channel = b.channel
+            current = channel is not None and v.received.generation == b.generation
+            if current:
+                b.current -= 1
+            if v.action is Action.LEAVE:
+                continue  # nothing to send: the broker redelivers it
+            if not current or not channel.is_open:
+                self._count_stale(b)
                 continue
-            try:
-                # One verdict per delivery, never `multiple` (invariant 3).
-                if v.action is Action.ACK:
-                    channel.basic_ack(v.tag, multiple=False)
-                elif v.action is Action.REQUEUE:
-                    channel.basic_nack(v.tag, multiple=False, requeue=True)
-                else:
-                    channel.basic_reject(v.tag, requeue=False)
-            except pika.exceptions.AMQPError:
-                self._count_stale(v.binding)
+            self._send_verdict(b, channel, v.received.tag, v.action)
+        for name in touched:
+            self._fill(self._bindings[name])
+
+    def _send_verdict(self, b: _Binding, channel: Any, tag: int, action: Action) -> None:
+        try:
+            # One verdict per delivery, never `multiple` (invariant 3).
+            if action is Action.ACK:
+                channel.basic_ack(tag, multiple=False)
+            elif action is Action.REQUEUE:
+                channel.basic_nack(tag, multiple=False, requeue=True)
+            else:
+                channel.basic_reject(tag, requeue=False)
+        except pika.exceptions.AMQPError:
+            self._count_stale(b)
 
     def _count_stale(self, b: _Binding) -> None:
         self._metrics.stale_acks.labels(b.settings.name).inc()
 
     def _cancel_consumers(self) -> None:
         for b in self._bindings.values():
-            if b.channel is not None and b.channel.is_open and b.consumer_tag is not None:
-                b.channel.basic_cancel(b.consumer_tag)
+            if b.channel is not None and b.channel.is_open and b.consumer_tags:
+                for tag in b.consumer_tags:
+                    b.channel.basic_cancel(tag)
+                b.consumer_tags = []
                 self._metrics.consumer_up.labels(b.settings.name).set(0)
                 log.info("consumer cancelled", binding=b.settings.name)
 

@@ -15,6 +15,7 @@ Passwords never leave this module: every URL quoted in an error message or in
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -30,7 +31,6 @@ import pika
 import yaml
 
 from dispatcher.errors import ConfigError
-from dispatcher.http11 import Origin
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -739,11 +739,77 @@ def _heartbeat(value: object, key: str) -> float:
 
 def _http_url(value: object, key: str) -> str:
     url = _url(value, key, ("http", "https"), "an http(s) URL")
-    try:
-        Origin.parse(url)  # what delivery will do with it: fail here, not at start-up
-    except ValueError as e:  # UnicodeError too: a bad host label, a non-ASCII path
-        raise ConfigError(key, f"must be an http(s) URL, got {_show(url)} ({e})") from None
+    problem = http_url_problem(url)
+    if problem is not None:
+        raise ConfigError(key, f"must be an http(s) URL as RFC 3986 writes it: {problem}")
     return url
+
+
+# RFC 3986: what may appear in the authority's userinfo, and in a path or query,
+# besides percent-encodings (checked on their own).
+_UNRESERVED_SUBDELIMS: Final = r"A-Za-z0-9\-._~!$&'()*+,;="
+_USERINFO: Final = re.compile(rf"[{_UNRESERVED_SUBDELIMS}%:]*")
+_PATH_QUERY: Final = re.compile(rf"[{_UNRESERVED_SUBDELIMS}%:@/?]*")
+_BAD_PERCENT: Final = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_HOST_LABEL: Final = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_NUMERIC_LABEL: Final = re.compile(r"(?:0[xX][0-9A-Fa-f]*|[0-9]+)")
+_DECIMAL_OCTET: Final = re.compile(r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])")
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why libcurl could read ``url`` differently from how this configuration (and
+    every log line) shows it, or ``None`` when the two readings agree.
+
+    Only what RFC 3986 allows unencoded is accepted: curl and Python's URL
+    parser differ on spaces, backslashes, a second ``@``, fragments and
+    numeric hosts that are not dotted quads (curl reads ``http://010.1/`` as
+    8.0.0.1, ``http://2130706433/`` as 127.0.0.1), so each is refused here
+    with a reason instead of being sent somewhere unexpected.
+    """
+    for wrong, problem in (
+        (not url.isascii() or not url.isprintable(), _NOT_ASCII),
+        (" " in url, "a space (write %20)"),
+        ("#" in url, "a fragment ('#...') is never sent; remove it"),
+        (_BAD_PERCENT.search(url) is not None, "a '%' not followed by two hex digits (write %25)"),
+    ):
+        if wrong:
+            return problem
+    rest = url.split("://", 1)[1]
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    bad = next((c for c in tail if not _PATH_QUERY.fullmatch(c)), None)
+    if bad is not None:
+        return f"{bad!r} in the path or query (percent-encode it)"
+    userinfo, at, hostport = authority.rpartition("@")
+    if at and not _USERINFO.fullmatch(userinfo):
+        return "user:password@ with a character that must be percent-encoded ('@', '/', ...)"
+    return _host_problem(hostport)
+
+
+_NOT_ASCII: Final = "only printable ASCII (percent-encode the rest, punycode for host names)"
+
+
+def _host_problem(hostport: str) -> str | None:
+    if hostport.startswith("["):
+        literal, _, port = hostport[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return f"[{literal}] is not an IPv6 address"
+        return None if not port or re.fullmatch(r":[0-9]+", port) else _BAD_PORT
+    host, colon, port = hostport.partition(":")
+    if colon and not port.isdigit():
+        return _BAD_PORT
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return f"host {host!r} must be a DNS name (letters, digits, '-', '_') or an IP address"
+    numeric = all(_NUMERIC_LABEL.fullmatch(label) for label in labels)
+    if numeric and not (len(labels) == 4 and all(_DECIMAL_OCTET.fullmatch(x) for x in labels)):
+        return f"numeric host {host!r} must be a dotted IPv4 address (a.b.c.d, no leading zeros)"
+    return None
+
+
+_BAD_PORT: Final = "a port must be digits after the ':'"
 
 
 def _url(value: object, key: str, schemes: tuple[str, ...], what: str) -> str:

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from dispatcher import events
 from dispatcher.config import DeadLetterSettings, redact_url
 from dispatcher.delivery import HttpTarget, Result
-from dispatcher.errors import PublishError
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
-from dispatcher.publisher import Publisher, exchange_target
+from dispatcher.publisher import Publisher
 
 log = get_logger()
 
@@ -57,7 +56,11 @@ def _printable(text: str) -> str:
 
 
 class DeadLetterer:
-    """Sends to the sink and/or the exchange; accepted when at least one target accepted."""
+    """Sends to the sink and/or the exchange; accepted when at least one target accepted.
+
+    ``exchange: ""`` is the AMQP default exchange, a real target: only ``None``
+    means none is configured.
+    """
 
     def __init__(
         self,
@@ -72,21 +75,22 @@ class DeadLetterer:
         self._mode = content_mode
         self._sink = sink
         self._routing_key = settings.routing_key
-        self._exchange = exchange_target(publisher, settings.exchange)
+        self._exchange = settings.exchange if publisher is not None else None
+        self._publisher = publisher
         self._publish_timeout = publish_timeout
         self.has_target = sink is not None or self._exchange is not None
 
-    def send(self, event: Event, failure: Failure) -> bool:
+    async def send(self, event: Event, failure: Failure) -> bool:
         letter = dead_letter_event(event, self._destination, failure)
         accepted = False
         if self._sink is not None:
-            accepted |= self._to_sink(self._sink, letter)
-        if self._exchange is not None:
-            accepted |= self._to_exchange(*self._exchange, letter)
+            accepted |= await self._to_sink(self._sink, letter)
+        if self._exchange is not None and self._publisher is not None:
+            accepted |= await self._to_exchange(self._publisher, self._exchange, letter)
         return accepted
 
-    def _to_sink(self, sink: HttpTarget, letter: Event) -> bool:
-        outcome = sink.send(events.to_http(letter, self._mode))
+    async def _to_sink(self, sink: HttpTarget, letter: Event) -> bool:
+        outcome = await sink.send(events.to_http(letter, self._mode))
         if outcome.result is Result.DELIVERED:
             return True
         log.warning(
@@ -97,12 +101,13 @@ class DeadLetterer:
         )
         return False
 
-    def _to_exchange(self, publisher: Publisher, exchange: str, letter: Event) -> bool:
-        try:
-            publisher.publish_event(exchange, self._routing_key, letter, self._publish_timeout)
-        except PublishError as e:
+    async def _to_exchange(self, publisher: Publisher, exchange: str, letter: Event) -> bool:
+        error = await publisher.publish_event(
+            exchange, self._routing_key, letter, self._publish_timeout
+        )
+        if error is not None:
             log.warning(
-                "dead-letter publish failed", ce_id=letter.id, exchange=exchange, error=str(e)
+                "dead-letter publish failed", ce_id=letter.id, exchange=exchange, error=error
             )
             return False
         return True

@@ -16,16 +16,18 @@ Only redeliveries consult the store: a first delivery with the same id is a
 publisher's duplicate, which stays the subscriber's to judge (and two
 different plain messages can share a wrapped digest id). Memory is bounded:
 at most ``capacity`` settled keys, oldest forgotten first.
+
+Every call runs on the engine loop's thread, so there are no locks; a waiter
+awaits a future, it does not hold a thread.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
+
+from dispatcher.loop import Future, Waits
 
 Key = tuple[str, str]  # (source, id)
 
@@ -34,29 +36,18 @@ DEFAULT_CAPACITY = 100_000
 
 @dataclass(slots=True)
 class Claim:
-    """An attempt in flight; waiters block on ``done`` and then read ``settled``.
-
-    ``done`` is made by the first waiter (under the store's lock), not for
-    every claim: waiters are rare, and an Event (a lock and a condition) was a
-    measurable part of each message's cost.
-    """
+    """An attempt in flight. ``done`` (made by the first waiter only: waiters are
+    rare) resolves with whether the attempt settled the event."""
 
     key: Key
-    done: threading.Event | None = None
-    settled: bool = False
+    done: Future[bool] | None = None
 
 
 class DedupeStore:
-    def __init__(
-        self,
-        window: float,
-        capacity: int = DEFAULT_CAPACITY,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, window: float, waits: Waits, capacity: int = DEFAULT_CAPACITY) -> None:
         self._window = window
+        self._waits = waits
         self._capacity = capacity
-        self._clock = clock
-        self._lock = threading.Lock()
         self._in_flight: dict[Key, Claim] = {}
         self._settled: OrderedDict[Key, float] = OrderedDict()  # key -> expiry, oldest first
 
@@ -64,9 +55,7 @@ class DedupeStore:
     def enabled(self) -> bool:
         return self._window > 0
 
-    def claim_or_wait(
-        self, key: Key, wait: float, give_up: threading.Event
-    ) -> Claim | Literal["settled", "busy"]:
+    async def claim_or_wait(self, key: Key, wait: float) -> Claim | Literal["settled", "busy"]:
         """For a redelivery: ``"settled"`` if ``key`` was settled here (now or while
         waiting for the attempt in flight), a new ``Claim`` if nobody holds it, or
         ``"busy"`` if another attempt still holds it after ``wait`` or at shutdown.
@@ -74,59 +63,51 @@ class DedupeStore:
         Busy must never lead to a second request: the caller gives the message
         back to the broker instead.
         """
-        deadline = self._clock() + wait
+        deadline = self._waits.time() + wait
         while True:
-            with self._lock:
-                self._expire()
-                if key in self._settled:
-                    return "settled"
-                holder = self._in_flight.get(key)
-                if holder is None:
-                    return self._new_claim(key)
-                if holder.done is None:
-                    holder.done = threading.Event()
-                done = holder.done
-            # Poll the shutdown flag too: a waiter must not outlive the grace period.
-            while not done.wait(min(0.5, max(0.0, deadline - self._clock()))):
-                if give_up.is_set() or self._clock() >= deadline:
-                    return "busy"
-            if holder.settled:
+            self._expire()
+            if key in self._settled:
+                return "settled"
+            holder = self._in_flight.get(key)
+            if holder is None:
+                return self._new_claim(key)
+            if holder.done is None:
+                holder.done = self._waits.future()
+            settled = await self._waits.wait(holder.done, deadline - self._waits.time())
+            if settled is None:
+                return "busy"
+            if settled:
                 return "settled"
             # The attempt in flight failed; loop to claim it (or find a newer holder).
 
     def claim(self, key: Key) -> Claim | None:
         """Register an attempt; ``None`` when another attempt for ``key`` is in flight."""
-        with self._lock:
-            return None if key in self._in_flight else self._new_claim(key)
+        return None if key in self._in_flight else self._new_claim(key)
 
-    def _new_claim(self, key: Key) -> Claim:  # with the lock held
+    def release(self, claim: Claim, settled: bool) -> None:
+        if self._in_flight.get(claim.key) is claim:
+            del self._in_flight[claim.key]
+        if settled:
+            self._settled[claim.key] = self._waits.time() + self._window
+            self._settled.move_to_end(claim.key)
+            while len(self._settled) > self._capacity:
+                self._settled.popitem(last=False)
+        if claim.done is not None:
+            claim.done.resolve(settled)
+
+    def __len__(self) -> int:
+        return len(self._settled)
+
+    def _new_claim(self, key: Key) -> Claim:
         claim = Claim(key)
         self._in_flight[key] = claim
         return claim
 
-    def release(self, claim: Claim, settled: bool) -> None:
-        with self._lock:
-            self._in_flight.pop(claim.key, None)
-            if settled:
-                self._settled[claim.key] = self._clock() + self._window
-                self._settled.move_to_end(claim.key)
-                while len(self._settled) > self._capacity:
-                    self._settled.popitem(last=False)
-            # Under the lock: a waiter either made ``done`` already or will not
-            # find this claim any more (it is no longer in flight).
-            claim.settled = settled
-            done = claim.done
-        if done is not None:
-            done.set()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._settled)
-
     def _expire(self) -> None:
-        now = self._clock()
-        while self._settled:
-            key, expiry = next(iter(self._settled.items()))
+        now = self._waits.time()
+        settled = self._settled
+        while settled:
+            key, expiry = next(iter(settled.items()))
             if expiry > now:
                 return
-            del self._settled[key]
+            del settled[key]

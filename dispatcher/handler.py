@@ -1,7 +1,9 @@
 """Where acks are decided: one message, from delivery to its final outcome.
 
-``Handler.handle`` runs on a worker thread and returns an ``Action`` that the
-broker thread applies to the message's own channel generation. The rules
+``Handler.handle`` is a coroutine on the engine loop (every wait in it, for
+the subscriber, a retry, a confirm or a duplicate claim, awaits a future; no
+thread is held) and returns an ``Action`` that the broker thread applies to
+the message's own channel generation. The rules
 (PRODUCT.md, "Delivery semantics"; invariant 1 of FIELD-NOTES):
 
 - ACK only after the subscriber's 2xx (and the reply's acceptance, if there is
@@ -21,23 +23,20 @@ Every final outcome writes exactly one ``event: "delivery"`` log line.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
-
-import structlog
 
 from dispatcher import events, logs
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim, DedupeStore
-from dispatcher.delivery import Attempt, HttpTarget, Result
+from dispatcher.delivery import HttpTarget, Result
 from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event
+from dispatcher.httpclient import Response
 from dispatcher.logs import get_logger
+from dispatcher.loop import Waits
 from dispatcher.metrics import BindingMetrics
 from dispatcher.reply import Replier
 from dispatcher.retry import Backoff
@@ -53,7 +52,7 @@ class Action(Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class Received:
     """One message as received on one channel generation."""
 
     generation: int
@@ -87,8 +86,7 @@ class Handler:
         replier: Replier,
         dedupe: DedupeStore,
         metrics: BindingMetrics,
-        stopping: threading.Event,
-        clock: Callable[[], float] = time.monotonic,
+        waits: Waits,
     ) -> None:
         self._binding = binding
         self._vhost = vhost
@@ -97,8 +95,8 @@ class Handler:
         self._replier = replier
         self._dedupe = dedupe
         self._metrics = metrics
-        self._stopping = stopping
-        self._clock = clock
+        self._waits = waits
+        self._log = log.bind(binding=binding.name)
         d = binding.delivery
         self._requeue_backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
         # A first attempt ends within its own deadline plus what may follow it:
@@ -108,29 +106,27 @@ class Handler:
             binding.declare is not None and binding.declare.dead_letter_exchange is not None
         )
 
-    def handle(self, delivery: Delivery) -> Action:
-        started = self._clock()
-        structlog.contextvars.clear_contextvars()  # pool threads are reused: no leaks
-        structlog.contextvars.bind_contextvars(binding=self._binding.name)
+    async def handle(self, delivery: Received) -> Action:
+        started = self._waits.time()
         event, problem = self._read(delivery.message)
         claim: Claim | None = None
         if self._dedupe.enabled and delivery.redelivered:
-            found = self._dedupe.claim_or_wait(event.key, self._dedupe_wait, self._stopping)
+            found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
             if found == "settled":
                 self._metrics.duplicates_suppressed.inc()
-                log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
+                self._log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
                 return Action.ACK
             if found == "busy":
                 # The first attempt is still running: a second request would be the
                 # duplicate we exist to prevent. Give the message back instead.
-                log.info("redelivery deferred: first attempt still in flight", ce_id=event.id)
-                return Action.REQUEUE if self._backed_off(0) else Action.LEAVE
+                self._log.info("redelivery deferred: first attempt still in flight", ce_id=event.id)
+                return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
             claim = found
         elif self._dedupe.enabled:
             claim = self._dedupe.claim(event.key)  # None: a publisher's duplicate, in flight
         settled = False
         try:
-            final = self._settle(event, problem, delivery.message)
+            final = await self._settle(event, problem, delivery.message)
             settled = final.outcome in ("delivered", "dead_lettered")
         finally:
             if claim is not None:
@@ -138,22 +134,22 @@ class Handler:
         self._record(delivery, event, final, started)
         return final.action
 
-    def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
+    async def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
         if problem is not None:
-            return self._give_up(event, Failure(-1, reason=problem), attempts=0)
+            return await self._give_up(event, Failure(-1, reason=problem), attempts=0)
         try:
-            return self._deliver(event, message)
+            return await self._deliver(event, message)
         except Exception as e:
             # A bug met by this message. Requeueing would meet it again forever;
             # dead-letter it with the reason instead, so the queue moves on.
-            log.exception("internal error while delivering", ce_id=event.id)
+            self._log.exception("internal error while delivering", ce_id=event.id)
             reason = f"internal error: {type(e).__name__}: {e}"
-            return self._give_up(event, Failure(-1, reason=reason), attempts=0)
+            return await self._give_up(event, Failure(-1, reason=reason), attempts=0)
 
-    def _backed_off(self, retry_number: int) -> bool:
+    async def _backed_off(self, retry_number: int) -> bool:
         """Wait before giving a message back (at once it would come straight back);
         False when shutdown cut the wait: then it is left, not requeued."""
-        return not self._stopping.wait(self._requeue_backoff.wait(retry_number))
+        return await self._waits.sleep(self._requeue_backoff.wait(retry_number))
 
     # ----------------------------------------------------------------- steps
 
@@ -170,72 +166,73 @@ class Handler:
                 message, self._vhost, self._binding.queue, self._binding.non_cloudevent
             )
         except Exception as e:  # a mapping bug must not loop the message forever
-            log.exception("internal error while reading a message")
+            self._log.exception("internal error while reading a message")
             return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"
 
     def _wrapped(self, message: AmqpMessage) -> Event:
         return events.wrap(message, self._vhost, self._binding.queue)
 
-    def _deliver(self, event: Event, message: AmqpMessage) -> _Final:
+    async def _deliver(self, event: Event, message: AmqpMessage) -> _Final:
         request = events.to_http(
             event, self._binding.content_mode, events.trace_headers(message.headers)
         )
-        outcome = self._subscriber.send(request)
+        outcome = await self._subscriber.send(request)
         last = outcome.last
         if outcome.result is Result.ABANDONED:
             return _Final(Action.LEAVE, None, outcome.attempts, last.status)
         if outcome.result is Result.FAILED:
-            return self._give_up(event, Failure(last.status, last.body), outcome.attempts)
-        problem = self._forward_reply(last)
+            return await self._give_up(event, Failure(last.status, last.body), outcome.attempts)
+        problem = await self._forward_reply(last)
         if problem is None:
             return _Final(Action.ACK, "delivered", outcome.attempts, last.status)
         if problem.invalid:
             # Bad input from the subscriber: retrying would not fix it.
             failure = Failure(last.status, last.body, reason=problem.reason)
-            return self._give_up(event, failure, outcome.attempts)
-        return self._not_settled(outcome.attempts, last.status, problem.reason)
+            return await self._give_up(event, failure, outcome.attempts)
+        return await self._not_settled(outcome.attempts, last.status, problem.reason)
 
-    def _forward_reply(self, last: Attempt) -> _ReplyProblem | None:
+    async def _forward_reply(self, last: Response) -> _ReplyProblem | None:
         """None when there is nothing to forward or it was accepted."""
         if not self._replier.enabled:
             return None
-        if not events.is_http_cloudevent(last.headers):
+        headers = last.headers
+        if not events.is_http_cloudevent(headers):
             return None  # a plain answer, however large, is just an answer
         if last.truncated:
             limit = self._binding.max_body_size
             return _ReplyProblem(f"invalid reply: larger than max_body_size {limit}", True)
         try:
-            reply = events.from_http_response(last.headers, last.body)
+            reply = events.from_http_response(headers, last.body)
         except EventError as e:
             return _ReplyProblem(f"invalid reply: {e.reason}", True)
         if reply is None:
             return None
-        refused = self._replier.send(reply)
+        refused = await self._replier.send(reply)
         return None if refused is None else _ReplyProblem(refused, False)
 
-    def _give_up(self, event: Event, failure: Failure, attempts: int) -> _Final:
+    async def _give_up(self, event: Event, failure: Failure, attempts: int) -> _Final:
         """Dead-letter; if nobody takes it, reject or requeue: never ack it."""
-        if self._dead_letterer.has_target and self._dead_letterer.send(event, failure):
+        if self._dead_letterer.has_target and await self._dead_letterer.send(event, failure):
             return _Final(Action.ACK, "dead_lettered", attempts, failure.code, failure.reason)
         reason = failure.reason or "delivery failed"
         if not self._dead_letterer.has_target:
             reason += "; no dead-letter target"
         else:
             reason += "; every dead-letter target failed"
-        return self._not_settled(attempts, failure.code, reason)
+        return await self._not_settled(attempts, failure.code, reason)
 
-    def _not_settled(self, attempts: int, status: int, reason: str) -> _Final:
-        if self._stopping.is_set():
+    async def _not_settled(self, attempts: int, status: int, reason: str) -> _Final:
+        if self._waits.given_up:
             # Shutdown cut a dead-letter or reply attempt short: that is not a
             # failure of the message. Leave it for redelivery (PRODUCT.md).
             return _Final(Action.LEAVE, None, attempts, status, reason)
         if self._own_dlx:
             return _Final(Action.REJECT, "rejected", attempts, status, reason)
-        if not self._backed_off(self._binding.delivery.retry):
+        if not await self._backed_off(self._binding.delivery.retry):
             return _Final(Action.LEAVE, None, attempts, status, reason)
         return _Final(Action.REQUEUE, "requeued", attempts, status, reason)
 
-    def _record(self, delivery: Delivery, event: Event, final: _Final, started: float) -> None:
+    def _record(self, delivery: Received, event: Event, final: _Final, started: float) -> None:
         if final.outcome is None:
             return
         fields: dict[str, Any] = {
@@ -246,7 +243,7 @@ class Handler:
             "ce_source": event.source,
             "attempts": final.attempts,
             "status": final.status,
-            "duration_ms": round((self._clock() - started) * 1000.0, 3),
+            "duration_ms": round((self._waits.time() - started) * 1000.0, 3),
             "redelivered": delivery.redelivered,
         }
         if final.reason:

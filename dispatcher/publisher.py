@@ -1,45 +1,69 @@
-"""One long-lived, confirmed publishing connection (dead letters and replies).
+"""Dead letters and replies: one long-lived confirm channel, many publishes in flight.
 
 Publishing never shares the consuming connection: a broker memory or disk
 alarm blocks connections that publish, and a blocked consuming connection
-would stop acks from being read. Publishing never opens a connection or
-channel per message either (FIELD-NOTES failure 4): one thread owns one
-``BlockingConnection`` with one confirm channel, opened on first use and
-reused until it breaks.
+would stop acks from being read. Nor does it open a connection or channel per
+message (FIELD-NOTES failure 4). One thread owns one ``SelectConnection``
+with one confirm channel, connected at start and rebuilt with backoff
+whenever it breaks.
 
-Callers on worker threads hand a request over and wait, bounded, for the
-broker's confirm. Messages are published ``mandatory``: an event routed
-nowhere was not accepted by anyone, so it is an error, not a success.
+Deliveries on the engine loop call ``publish`` and await the answer: ``None``
+once the broker confirmed the message, else why not (nacked, returned as
+unroutable, the channel or connection lost, or no confirm in time). Many
+publishes are in flight at once, and each delivery waits only for its own
+confirm. Requests reach this thread in batches (one wake-up per batch), and
+answers go back to the loop the same way.
+
+While a resource alarm blocks this connection, ``dispatcher_broker_blocked``
+stays 1, across the reconnects that ``blocked_timeout`` causes. What ends it
+is ``Connection.Unblocked``, or a confirm on a connection that has not heard
+``Connection.Blocked``. Checked on RabbitMQ 3.10: during an alarm the first
+publish on a fresh connection is still confirmed, but the broker sends
+``Connection.Blocked`` before that confirm and holds every later publish. A
+fresh connection hears nothing until it publishes, so while blocked an empty
+probe goes out every few seconds (not mandatory, to a routing key no queue
+has: the broker confirms and drops it).
+
+The timeout is decided on the engine loop and is final: a confirm that
+arrives after it changes nothing (the future was already resolved), so the
+delivery's verdict never flips from "not accepted" to "accepted". A request
+still waiting here when its time is up is dropped, never published late.
+Messages are ``mandatory``: an event routed nowhere was accepted by no one.
 """
 
 from __future__ import annotations
 
-import queue
+import contextlib
+import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final
 
 import pika
 import pika.exceptions
+from pika.adapters.select_connection import SelectConnection
+from pika.spec import Basic
 
 from dispatcher import events
-from dispatcher.broker_params import connection_parameters
+from dispatcher.broker_params import connection_parameters, release
 from dispatcher.config import BrokerSettings
-from dispatcher.errors import PublishError
+from dispatcher.confirm_window import ConfirmWindow
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
+from dispatcher.loop import Future, Loop, Timer
+from dispatcher.retry import Backoff
 
 log = get_logger()
 
-_IDLE_POLL = 1.0  # seconds between heartbeat services while no request is waiting
-# While blocked, a probe every few seconds: a fresh connection hears no
-# Connection.Blocked until it publishes, so only a publish can tell the alarm
-# is over. It is empty, not mandatory, and routed nowhere (the default
-# exchange has no queue of that name): the broker confirms and drops it.
-_PROBE_INTERVAL = 5.0
-_PROBE_ROUTING_KEY = "dispatcher.blocked-probe.not-a-queue"
+_RECONNECT: Final = Backoff("exponential", 0.2, 10.0, rng=random.random, jitter=0.5)
+_REOPEN_CHANNEL: Final = Backoff("exponential", 0.05, 5.0)
+_CLOSE_BOUND: Final = 3.0
+_PROBE_INTERVAL: Final = 5.0
+_PROBE_ROUTING_KEY: Final = "dispatcher.blocked-probe.not-a-queue"
 
 
 @dataclass(slots=True)
@@ -48,31 +72,43 @@ class _Request:
     routing_key: str
     body: bytes
     properties: pika.BasicProperties
+    key: tuple[str, str, object, object]  # matches a basic.return to its publish
     expires: float
+    future: Future[str | None] | None  # None: the blocked probe, answered to nobody
     mandatory: bool = True
-    done: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
+    timer: Timer | None = None
+
+
+Answers = list[tuple[_Request, str | None]]
 
 
 class Publisher:
     def __init__(
         self,
         broker: BrokerSettings,
+        loop: Loop,
         on_blocked: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._broker = broker
         # Built once: URL parsing and TLS files are not re-read on every reconnect.
         self._params = connection_parameters(broker, "publisher")
-        # A resource alarm blocks publishing connections (this one), never the
-        # consuming one; blocked_connection_timeout turns a block into an error.
-        self._notify_blocked = on_blocked or (lambda _blocked: None)
-        self._blocked = False
-        self._next_probe = 0.0
-        self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._closed = False
+        self._loop = loop
+        self._on_blocked = on_blocked or (lambda _blocked: None)
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the queue, ``_woken`` and ``_connection``
+        self._queue: deque[_Request] = deque()
+        self._woken = False
+        self._connection: Any = None
+        self._channel: Any = None  # the publisher thread's own
+        self._window: ConfirmWindow[_Request] = ConfirmWindow()
+        self._channel_failures = 0
+        self._blocked = False  # the publisher thread's: a resource alarm blocks us
+        self._heard_blocked = False  # this connection got Connection.Blocked, no Unblocked
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
         self.connections_opened = 0  # long-lived: stays 1 while the broker stays up
+
+    # ----------------------------------------------------------------- the engine loop
 
     def publish(
         self,
@@ -81,175 +117,253 @@ class Publisher:
         body: bytes,
         headers: Mapping[str, Any],
         content_type: str | None,
-        timeout: float = 10.0,
-    ) -> None:
-        """Publish persistently and wait for the confirm; raises ``PublishError``."""
+        timeout: float,
+    ) -> Future[str | None]:
+        """Publish persistently and ``mandatory``; the future says None (confirmed) or why not."""
+        future: Future[str | None] = self._loop.create_future()
         properties = pika.BasicProperties(
             headers=dict(headers), content_type=content_type, delivery_mode=2
         )
-        request = _Request(exchange, routing_key, body, properties, time.monotonic() + timeout)
-        self._ensure_thread()
-        self._requests.put(request)
-        if not request.done.wait(timeout):
-            raise PublishError(f"no confirm from the broker within {timeout:g}s")
-        if request.error is not None:
-            raise PublishError(request.error)
+        key = (exchange, routing_key, headers.get("ce-source"), headers.get("ce-id"))
+        request = _Request(
+            exchange, routing_key, body, properties, key, self._clock() + timeout, future
+        )
+        request.timer = self._loop.call_later(
+            timeout, future.resolve, f"no confirm from the broker within {timeout:g}s"
+        )
+        self._submit(request)
+        return future
 
     def publish_event(
-        self, exchange: str, routing_key: str, event: Event, timeout: float = 10.0
-    ) -> None:
-        """Publish ``event`` in the binary ``ce-`` header form this dispatcher reads."""
+        self, exchange: str, routing_key: str, event: Event, timeout: float
+    ) -> Future[str | None]:
+        """``event`` in the binary ``ce-`` header form this dispatcher reads."""
         headers, content_type = events.to_amqp_headers(event)
-        self.publish(exchange, routing_key, event.data or b"", headers, content_type, timeout)
+        return self.publish(
+            exchange, routing_key, event.data or b"", headers, content_type, timeout
+        )
 
-    def close(self, timeout: float = 5.0) -> None:
+    def _answer(self, answers: Answers) -> None:
+        for request, error in answers:
+            if request.timer is not None:
+                request.timer.cancel()
+            if request.future is not None:
+                request.future.resolve(error)
+
+    # ----------------------------------------------------------------- any thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = _CLOSE_BOUND) -> None:
+        self._stopping.set()
         with self._lock:
-            self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self._requests.put(None)
-            thread.join(timeout)
+            connection = self._connection
+        if connection is not None:
+            with contextlib.suppress(Exception):  # its loop is already gone
+                connection.ioloop.add_callback_threadsafe(partial(_close, connection))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
-    def _ensure_thread(self) -> None:
+    def _submit(self, request: _Request) -> None:
         with self._lock:
-            if self._closed:
-                raise PublishError("publisher is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
-                self._thread.start()
+            queue = self._queue
+            now = self._clock()
+            # Disconnected for long, the queue would only hold what nobody waits
+            # for any more: drop what expired (its delivery has moved on).
+            while queue and queue[0].expires <= now:
+                queue.popleft()
+            queue.append(request)
+            if self._woken:
+                return
+            self._woken = True
+            connection = self._connection
+        if connection is not None:
+            with contextlib.suppress(Exception):  # closing: the next channel flushes it
+                connection.ioloop.add_callback_threadsafe(self._flush)
 
-    # ----------------------------------------------------------------- publisher thread
+    # ----------------------------------------------------------------- the publisher thread
 
     def _run(self) -> None:
-        connection: Any = None
-        channel: Any = None
-        while True:
-            try:
-                request = self._requests.get(timeout=_IDLE_POLL)
-            except queue.Empty:
-                if self._blocked and time.monotonic() >= self._next_probe:
-                    connection, channel = self._probe(connection, channel)
-                else:
-                    connection = self._service_heartbeats(connection)
-                continue
-            if request is None:
+        failures = 0
+        while not self._stopping.is_set():
+            opened = self._serve_one_connection()
+            if self._stopping.is_set():
                 break
-            connection, channel = self._publish_one(request, connection, channel)
-        _close_quietly(connection)
+            failures = 0 if opened else failures + 1
+            delay = _RECONNECT.wait(failures)
+            log.warning("publisher disconnected", retry_in_s=round(delay, 3))
+            self._stopping.wait(delay)
 
-    def _on_blocked(self, blocked: bool) -> None:
+    def _serve_one_connection(self) -> bool:
+        opened = threading.Event()
+        connection = SelectConnection(
+            self._params,
+            on_open_callback=lambda c: self._on_open(c, opened),
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_close,
+        )
+        with self._lock:
+            self._connection = connection
+        try:
+            connection.ioloop.start()
+        except Exception:  # pika raises from inside its loop on socket errors
+            log.exception("publisher connection failed")
+        finally:
+            with self._lock:
+                self._connection = None
+            self._channel = None
+            # Still blocked, as far as anyone knows: the next confirm will tell.
+            self._lost("broker connection lost before the confirm")
+            release(connection)
+        return opened.is_set()
+
+    def _on_open(self, connection: Any, opened: threading.Event) -> None:
+        opened.set()
+        self.connections_opened += 1
+        log.info("publisher connected")
+        self._heard_blocked = False
+        connection.add_on_connection_blocked_callback(lambda *_: self._heard(blocked=True))
+        connection.add_on_connection_unblocked_callback(lambda *_: self._heard(blocked=False))
+        if self._stopping.is_set():
+            _close(connection)
+            return
+        self._open_channel(connection)
+
+    def _heard(self, blocked: bool) -> None:
+        self._heard_blocked = blocked
+        self._set_blocked(blocked)
+
+    def _set_blocked(self, blocked: bool) -> None:
+        if blocked == self._blocked:
+            return
         self._blocked = blocked
-        self._notify_blocked(blocked)
+        self._on_blocked(blocked)
+        if blocked:
+            log.warning("broker blocked the publishing connection (resource alarm)")
+        else:
+            log.info("broker unblocked the publishing connection")
 
-    def _probe(self, connection: Any, channel: Any) -> tuple[Any, Any]:
-        self._next_probe = time.monotonic() + _PROBE_INTERVAL
+    def _probe(self, channel: Any) -> None:
+        """While blocked, an empty publish every few seconds: its confirm ends the block."""
+        if not self._blocked or channel is not self._channel or not channel.is_open:
+            return
         probe = _Request(
             "",
             _PROBE_ROUTING_KEY,
             b"",
             pika.BasicProperties(),
-            expires=time.monotonic() + self._broker.blocked_timeout + 5.0,
+            ("", _PROBE_ROUTING_KEY, None, None),
+            expires=float("inf"),
+            future=None,
             mandatory=False,
         )
-        return self._publish_one(probe, connection, channel)
+        self._publish_one(channel, probe)
+        channel.connection.ioloop.call_later(_PROBE_INTERVAL, partial(self._probe, channel))
 
-    def _service_heartbeats(self, connection: Any) -> Any:
-        if connection is None:
-            return None
+    def _on_open_error(self, connection: Any, error: BaseException | str) -> None:
+        log.warning("publisher connect failed", error=f"{error}"[:300])
+        connection.ioloop.stop()
+
+    def _on_close(self, connection: Any, reason: BaseException) -> None:
+        if not self._stopping.is_set():
+            log.info("publisher connection closed", detail=f"{type(reason).__name__}: {reason}")
+        connection.ioloop.stop()
+
+    def _open_channel(self, connection: Any) -> None:
+        if connection.is_open and not self._stopping.is_set():
+            connection.channel(on_open_callback=self._on_channel_open)
+
+    def _on_channel_open(self, channel: Any) -> None:
+        channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _frame: self._on_ready(channel)
+        )
+
+    def _on_ready(self, channel: Any) -> None:
+        self._channel = channel
+        self._flush()
+        self._probe(channel)
+
+    def _on_channel_closed(self, _channel: Any, reason: Any) -> None:
+        # e.g. 404: a publish named an exchange that does not exist. The
+        # connection is fine; what this channel had in flight is not confirmed.
+        self._channel = None
+        self._lost(f"channel closed by the broker: {reason}")
+        with self._lock:
+            connection = self._connection
+        if connection is None or not connection.is_open or self._stopping.is_set():
+            return
+        delay = _REOPEN_CHANNEL.wait(self._channel_failures)
+        self._channel_failures += 1
+        connection.ioloop.call_later(delay, partial(self._open_channel, connection))
+
+    def _flush(self) -> None:
+        channel = self._channel
+        with self._lock:
+            self._woken = False
+            if channel is None or not channel.is_open:
+                return  # the channel's ready callback flushes the queue
+            requests, self._queue = self._queue, deque()
+        now = self._clock()
+        answers: Answers = []
+        for request in requests:
+            if request.expires <= now:
+                continue  # its delivery stopped waiting: never publish it late
+            error = self._publish_one(channel, request)
+            if error is not None:
+                answers.append((request, error))
+        self._send_answers(answers)
+
+    def _publish_one(self, channel: Any, request: _Request) -> str | None:
+        tag = self._window.sent(request.key, request)
         try:
-            connection.process_data_events(time_limit=0)
-            return connection
-        except Exception:  # any pika failure: reconnect lazily on the next request
-            _close_quietly(connection)
-            return None
+            channel.basic_publish(
+                request.exchange,
+                request.routing_key,
+                request.body,
+                request.properties,
+                mandatory=request.mandatory,
+            )
+        except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as e:
+            # This message cannot be encoded (a header name or routing key too
+            # long for AMQP): it fails alone; the channel is unharmed.
+            self._window.unsend(tag)
+            return f"cannot be published: {type(e).__name__}: {e}"[:300]
+        except Exception as e:  # the channel or connection broke under us
+            self._window.unsend(tag)
+            return f"broker connection failed: {type(e).__name__}"
+        return None
 
-    def _publish_one(self, request: _Request, connection: Any, channel: Any) -> tuple[Any, Any]:
-        # One reconnect per request at most: the caller's timeout bounds the rest,
-        # and the caller decides what a failure means (retry, requeue).
-        for _ in range(2):
-            if time.monotonic() > request.expires:
-                request.error = "timed out before it could be published"
-                break
-            try:
-                if connection is None or not connection.is_open:
-                    _close_quietly(connection)
-                    connection, channel = self._connect()
-                elif channel is None or channel.is_closed:
-                    # A channel error (404 exchange) leaves the connection fine.
-                    channel = self._open_channel(connection)
-                channel.basic_publish(
-                    request.exchange,
-                    request.routing_key,
-                    request.body,
-                    properties=request.properties,
-                    mandatory=request.mandatory,
-                )
-                request.error = None
-                if self._blocked:
-                    self._on_blocked(False)
-                break
-            except pika.exceptions.UnroutableError:
-                request.error = f"unroutable: exchange {request.exchange!r} routed it to no queue"
-                break
-            except pika.exceptions.NackError:
-                request.error = "the broker nacked it"
-                break
-            except pika.exceptions.ChannelClosedByBroker as e:
-                # e.g. 404: the exchange does not exist. Publishing again will not help.
-                request.error = f"channel closed by the broker: {e.reply_code} {e.reply_text}"
-                channel = None
-                break
-            except pika.exceptions.ConnectionBlockedTimeout:
-                # BlockingConnection delivers the Blocked notification only between
-                # publishes, so the timeout is the reliable sign. Still blocked
-                # until a publish goes through.
-                request.error = "the broker blocked publishing (resource alarm)"
-                self._on_blocked(True)
-                _close_quietly(connection)
-                connection, channel = None, None
-                break  # a new connection would be blocked just the same
-            except Exception as e:  # pika's connection errors all end here
-                request.error = f"broker connection failed: {type(e).__name__}"
-                _close_quietly(connection)
-                connection, channel = None, None
-        request.done.set()
-        return connection, channel
+    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        headers = properties.headers or {}
+        key = (method.exchange, method.routing_key, headers.get("ce-source"), headers.get("ce-id"))
+        self._window.returned(
+            key,
+            f"unroutable: exchange {method.exchange!r} routed it to no queue "
+            f"({method.reply_code} {method.reply_text})",
+        )
 
-    def _connect(self) -> tuple[Any, Any]:
-        connection = pika.BlockingConnection(self._params)
-        self.connections_opened += 1
-        try:
-            connection.add_on_connection_blocked_callback(lambda *_: self._on_blocked(True))
-            connection.add_on_connection_unblocked_callback(lambda *_: self._on_blocked(False))
-            channel = self._open_channel(connection)
-        except Exception:
-            _close_quietly(connection)  # never leave a half-set-up connection behind
-            raise
-        log.info("publisher connected")
-        return connection, channel
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        self._channel_failures = 0
+        acked = isinstance(method, Basic.Ack)
+        if acked and not self._heard_blocked:
+            self._set_blocked(False)  # read and confirmed with no alarm said: not blocked
+        self._send_answers(self._window.confirmed(method.delivery_tag, method.multiple, acked))
 
-    @staticmethod
-    def _open_channel(connection: Any) -> Any:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        return channel
+    def _lost(self, reason: str) -> None:
+        self._send_answers([(request, reason) for request in self._window.lost()])
+
+    def _send_answers(self, answers: Answers) -> None:
+        answers = [answer for answer in answers if answer[0].future is not None]
+        if answers:
+            self._loop.call_soon_threadsafe(self._answer, answers)
 
 
-def exchange_target(
-    publisher: Publisher | None, exchange: str | None
-) -> tuple[Publisher, str] | None:
-    """Where a configured ``exchange`` is published, or ``None`` when none is configured.
-
-    ``""`` is the AMQP default exchange, a real target: only ``None`` means none.
-    """
-    return None if publisher is None or exchange is None else (publisher, exchange)
-
-
-def _close_quietly(connection: Any) -> None:
-    if connection is None:
-        return
+def _close(connection: Any) -> None:
     try:
-        if connection.is_open:
-            connection.close()
-    except Exception:  # closing a broken connection may raise anything; it is gone either way
-        pass
+        connection.close()
+    except pika.exceptions.ConnectionWrongStateError:
+        connection.ioloop.stop()  # still opening or already closing: just leave

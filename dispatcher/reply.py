@@ -7,9 +7,8 @@ from __future__ import annotations
 from dispatcher import events
 from dispatcher.config import ReplySettings
 from dispatcher.delivery import HttpTarget, Result
-from dispatcher.errors import PublishError
 from dispatcher.events import Event
-from dispatcher.publisher import Publisher, exchange_target
+from dispatcher.publisher import Publisher
 
 
 class Replier:
@@ -24,21 +23,23 @@ class Replier:
         self._mode = content_mode
         self._target = target
         self._routing_key = settings.routing_key
-        self._exchange = exchange_target(publisher, settings.exchange)
+        # ``exchange: ""`` is the default exchange, a real target; None is none.
+        self._exchange = settings.exchange if publisher is not None else None
+        self._publisher = publisher
         self._publish_timeout = publish_timeout
         self.enabled = target is not None or self._exchange is not None
 
-    def send(self, reply: Event) -> str | None:
+    async def send(self, reply: Event) -> str | None:
         """Forward the reply; ``None`` when accepted (or nowhere to go), else why not."""
         if self._target is not None:
-            outcome = self._target.send(events.to_http(reply, self._mode))
+            outcome = await self._target.send(events.to_http(reply, self._mode))
             if outcome.result is Result.DELIVERED:
                 return None
             return f"reply URL answered {outcome.last.status} ({outcome.last.error or 'HTTP'})"
-        if self._exchange is not None:
-            publisher, exchange = self._exchange
-            try:
-                publisher.publish_event(exchange, self._routing_key, reply, self._publish_timeout)
-            except PublishError as e:
-                return f"reply publish failed: {e}"
+        if self._exchange is not None and self._publisher is not None:
+            error = await self._publisher.publish_event(
+                self._exchange, self._routing_key, reply, self._publish_timeout
+            )
+            if error is not None:
+                return f"reply publish failed: {error}"
         return None

@@ -1,4 +1,9 @@
-"""Wires settings into a running service: supervisor, pools, handlers, publisher.
+"""Wires settings into a running service: supervisor, engine, handlers, publisher.
+
+Threads: the supervisor's (pika), the engine's (every delivery), the
+publisher's (dead letters and replies, when an exchange target is
+configured), the ops listener's, and the main thread waiting for a signal.
+None of them is per delivery.
 
 Shutdown order (PRODUCT.md, "Operations"): readiness off and consumers
 cancelled; in-flight work gets ``shutdown.grace`` to finish and be acked;
@@ -9,9 +14,11 @@ broker to redeliver, and the connection is closed. Every step is bounded.
 from __future__ import annotations
 
 import gc
+import os
 import ssl
 import threading
 import time
+from dataclasses import dataclass
 from functools import partial
 
 from dispatcher.broker import Supervisor
@@ -19,12 +26,13 @@ from dispatcher.broker_params import virtual_host
 from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import DedupeStore
-from dispatcher.delivery import HttpTarget, ThreadClients
+from dispatcher.delivery import HttpTarget
+from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError
-from dispatcher.handler import Action, Delivery, Handler
+from dispatcher.handler import Handler
+from dispatcher.httpclient import Endpoint, endpoint
 from dispatcher.logs import get_logger
-from dispatcher.metrics import BindingMetrics, Metrics
-from dispatcher.pool import WorkerPool
+from dispatcher.metrics import Metrics
 from dispatcher.publisher import Publisher
 from dispatcher.reply import Replier
 from dispatcher.server import OpsServer
@@ -43,21 +51,30 @@ class Service:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics([b.delivery.timeout for b in settings.bindings])
-        # Set once grace is over: retry and requeue waits end, leaving messages unacked.
-        self._give_up = threading.Event()
         self._stop_requested = threading.Event()
+        endpoints = [_endpoints(index, b) for index, b in enumerate(settings.bindings)]
+        self.engine = Engine(max_connections=sum(b.workers * 3 for b in settings.bindings))
+        try:
+            self._build(settings, endpoints)
+        except BaseException:
+            self.engine.loop.close()  # never started: nothing else to undo
+            raise
+
+    def _build(self, settings: Settings, endpoints: list[_Endpoints]) -> None:
         try:
             self.supervisor = Supervisor(settings.broker, self.metrics)
             self.publisher = (
                 Publisher(
-                    settings.broker, on_blocked=partial(self.metrics.set_blocked, "publisher")
+                    settings.broker,
+                    self.engine.loop,
+                    on_blocked=partial(self.metrics.set_blocked, "publisher"),
                 )
                 if _needs_publisher(settings)
                 else None
             )
         except (OSError, ssl.SSLError, ValueError) as e:
             raise ConfigError("broker.tls", f"cannot load: {e}") from e
-        self._clients = [_clients(index, b) for index, b in enumerate(settings.bindings)]
+        self.engine.settle_with(self.supervisor.settle)
         try:
             self.ops = OpsServer(
                 settings.http.host,
@@ -69,33 +86,36 @@ class Service:
             )
         except OSError as e:
             raise ConfigError("http.listen", f"cannot listen on {settings.http.listen}: {e}") from e
-        self._pools: list[WorkerPool[Delivery]] = []
         vhost = virtual_host(settings.broker)
-        for binding, clients in zip(settings.bindings, self._clients, strict=True):
-            self._add_binding(binding, clients, vhost)
+        for binding, urls in zip(settings.bindings, endpoints, strict=True):
+            self._add_binding(binding, urls, vhost)
 
-    def _add_binding(self, binding: BindingSettings, client: ThreadClients, vhost: str) -> None:
+    def _add_binding(self, binding: BindingSettings, urls: _Endpoints, vhost: str) -> None:
         self.metrics.delivery_timeout.labels(binding.name).set(binding.delivery.timeout)
         metrics = self.metrics.binding(binding.name)
         publish_timeout = binding.delivery.timeout
-        subscriber = HttpTarget(
-            client,
-            binding.subscriber,
-            binding.delivery,
-            self._give_up,
+        engine = self.engine
+
+        def target(url: Endpoint | None, **options: object) -> HttpTarget | None:
+            if url is None:
+                return None
+            return HttpTarget(
+                engine.http,
+                url,
+                binding.delivery,
+                engine.waits,
+                max_response_bytes=binding.max_body_size,
+                **options,  # type: ignore[arg-type]
+            )
+
+        subscriber = target(
+            urls.subscriber,
             observe=metrics.observe_attempt,
-            max_response_bytes=binding.max_body_size,
+            keep_response_body=binding.reply.url is not None or binding.reply.exchange is not None,
         )
-        sink = (
-            HttpTarget(client, binding.dead_letter.sink, binding.delivery, self._give_up)
-            if binding.dead_letter.sink
-            else None
-        )
-        reply_target = (
-            HttpTarget(client, binding.reply.url, binding.delivery, self._give_up)
-            if binding.reply.url
-            else None
-        )
+        assert subscriber is not None
+        sink = target(urls.sink)
+        reply_target = target(urls.reply)
         handler = Handler(
             binding,
             vhost,
@@ -111,33 +131,12 @@ class Service:
             Replier(
                 binding.reply, binding.content_mode, reply_target, self.publisher, publish_timeout
             ),
-            DedupeStore(binding.dedupe_window),
+            DedupeStore(binding.dedupe_window, engine.waits),
             metrics,
-            self._give_up,
+            engine.waits,
         )
-        pool: WorkerPool[Delivery] = WorkerPool(
-            f"worker-{binding.name}",
-            binding.workers,
-            partial(self._work, binding.name, metrics, handler),
-        )
-        self._pools.append(pool)
-        self.supervisor.add_binding(binding, pool.submit)
-
-    def _work(
-        self, binding: str, metrics: BindingMetrics, handler: Handler, delivery: Delivery
-    ) -> None:
-        action = Action.LEAVE
-        metrics.inflight.inc()
-        try:
-            action = handler.handle(delivery)
-        except Exception:
-            # A bug, not an input problem (those are dead-lettered with a reason).
-            # Give the message back rather than hold its prefetch slot forever.
-            log.exception("handler failed", binding=binding)
-            action = Action.LEAVE if self._give_up.wait(1.0) else Action.REQUEUE
-        finally:
-            metrics.inflight.dec()
-            self.supervisor.settle(binding, delivery, action)
+        engine.add_binding(binding.name, handler, metrics)
+        self.supervisor.add_binding(binding, partial(engine.submit, binding.name))
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -149,6 +148,9 @@ class Service:
         gc.collect()
         gc.freeze()
         self.ops.start()
+        self.engine.start()
+        if self.publisher is not None:
+            self.publisher.start()
         self.supervisor.start()
 
     def request_stop(self) -> None:
@@ -168,28 +170,50 @@ class Service:
         log.info("shutdown started", grace_s=grace)
         deadline = time.monotonic() + grace
         self.supervisor.begin_shutdown()
-        for pool in self._pools:
-            pool.stop()
-        idle = all(pool.wait_idle(max(0.0, deadline - time.monotonic())) for pool in self._pools)
-        self._give_up.set()
+        self.engine.begin_shutdown()
+        idle = self.engine.wait_idle(max(0.0, deadline - time.monotonic()))
+        self.engine.give_up()
         if not idle:
             log.warning("grace period over; unfinished messages stay unacked for redelivery")
+            # Deliveries whose waits just ended settle as LEAVE; let those verdicts
+            # reach the supervisor before it closes (bounded, and only for accounting).
+            self.engine.wait_idle(CLOSE_BOUND / 3)
         self.supervisor.finish(timeout=CLOSE_BOUND)
         if self.publisher is not None:
             self.publisher.close(timeout=CLOSE_BOUND)
-        for client in self._clients:
-            client.close()
+        self.engine.stop(timeout=CLOSE_BOUND)
         self.ops.close()
         gc.unfreeze()  # an embedding process (a test run) goes on collecting as before
         log.info("shutdown complete", clean=idle)
 
 
-def _clients(index: int, binding: BindingSettings) -> ThreadClients:
-    """The binding's HTTP clients; its TLS files are loaded now, a bad one is a config error."""
+@dataclass(frozen=True, slots=True)
+class _Endpoints:
+    subscriber: Endpoint
+    sink: Endpoint | None
+    reply: Endpoint | None
+
+
+def _endpoints(index: int, binding: BindingSettings) -> _Endpoints:
+    """A binding's URLs as the HTTP client will use them: its TLS files are loaded now
+    (a bad one is a config error) and the proxy environment is read once."""
     try:
-        return ThreadClients(binding.tls)
+        binding.tls.context()  # what curl will load, checked where the error can name the key
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"bindings[{index}].tls", f"cannot load: {e}") from e
+
+    def make(url: str | None, key: str) -> Endpoint | None:
+        if url is None:
+            return None
+        return endpoint(url, binding.tls, os.environ, f"bindings[{index}].{key}")
+
+    subscriber = make(binding.subscriber, "subscriber")
+    assert subscriber is not None
+    return _Endpoints(
+        subscriber,
+        make(binding.dead_letter.sink, "dead_letter.sink"),
+        make(binding.reply.url, "reply.url"),
+    )
 
 
 def _needs_publisher(settings: Settings) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 
 import pytest
 
@@ -105,3 +106,92 @@ def test_requeues_are_single_settlements_too(make_subscriber, run_service):
     assert sorted(set(sub.ids())) == ids and len(sub.ids()) == 24
     assert svc.value("dispatcher_reconnects_total", reason="channel_closed") == 0
     assert svc.service.supervisor._bindings["b"].generation == first_generation
+
+
+def close_channel(svc) -> int:
+    """Close binding b's channel on the pika thread, as a broker-side channel error
+    would; wait for the new channel. Returns the new generation."""
+    supervisor = svc.service.supervisor
+    generation = supervisor._bindings["b"].generation
+    with supervisor._lock:
+        connection = supervisor._connection
+    supervisor._call_soon(connection, supervisor._bindings["b"].channel.close)
+    wait_until(
+        lambda: (
+            supervisor._bindings["b"].generation > generation and supervisor._bindings["b"].ready
+        ),
+        message="a new channel",
+    )
+    return int(supervisor._bindings["b"].generation)
+
+
+def held_until(release: threading.Event, held: set[str]):
+    def behaviour(request, _i):
+        if request.headers.get("ce-id") in held:
+            release.wait(30)
+        return Reply(200)
+
+    return behaviour
+
+
+def test_work_of_a_closed_channel_keeps_its_slots(make_subscriber, run_service):
+    """Invariant 8: two deliveries still running for a closed channel leave the new
+    channel two slots, not four; once they are done the binding has all four again."""
+    first, second = threading.Event(), threading.Event()
+
+    def behaviour(request, _i):
+        event_id = request.headers.get("ce-id")
+        if event_id in ("old-1", "old-2"):
+            first.wait(30)
+        elif event_id in ("old-3", "old-4"):
+            second.wait(30)
+        return Reply(200, delay=0.2)
+
+    sub = make_subscriber(behaviour)
+    svc = run_service(sub.url, parallelism=4, delivery={"timeout": "60s"})
+    publish_events(svc.queue, ["old-1", "old-2", "old-3", "old-4"])
+    sub.wait_for(4)
+    publish_events(svc.queue, [f"new-{i}" for i in range(8)])  # every slot is taken
+    close_channel(svc)
+    second.set()  # two of the closed channel's deliveries finish: two slots free
+    # The new channel's consumer gets prefetch 2. Requeued messages keep their place,
+    # so the redeliveries of old-1 and old-2 come first, take both slots and wait for
+    # their first attempts, which still run.
+    wait_until(
+        lambda: svc.service.ready() and svc.value("dispatcher_inflight", binding="b") == 4,
+        message="a consumer with old-1 and old-2 redelivered and waiting",
+    )
+    assert queue_depth(svc.queue) == 10  # old-3, old-4 and the 8 new: 2 + 2, never 2 + 4
+    first.set()
+    wait_until(lambda: queue_depth(svc.queue) == 0, 20, "the queue to drain")
+    wait_until(lambda: svc.events("delivered") == 12, 20, "every delivery line")
+    assert sorted(sub.ids()) == sorted(
+        [f"old-{i}" for i in range(1, 5)] + [f"new-{i}" for i in range(8)]
+    )
+    sub.max_concurrent = 0
+    publish_events(svc.queue, [f"after-{i}" for i in range(8)])
+    wait_until(lambda: svc.events("delivered") == 20, 20, "the later messages")
+    assert sub.max_concurrent == 4  # a second consumer took the freed slots
+
+
+def test_ten_channel_closes_hold_one_prefetch_not_ten(make_subscriber, run_service):
+    """A broker that closes the channel again and again while every slot is held by
+    work of a closed channel: no new consumer, nothing more prefetched, until that
+    work is done; then every message is delivered once."""
+    release = threading.Event()
+    held = {f"held-{i}" for i in range(4)}
+    sub = make_subscriber(held_until(release, held))
+    svc = run_service(sub.url, parallelism=4, delivery={"timeout": "60s"})
+    publish_events(svc.queue, sorted(held))
+    sub.wait_for(4)
+    publish_events(svc.queue, [f"waiting-{i}" for i in range(20)])
+    for _ in range(10):
+        close_channel(svc)
+        assert not svc.service.ready()  # no room: no consumer, and readiness says so
+        assert queue_depth(svc.queue) == 24  # the new channel took nothing
+        assert svc.value("dispatcher_inflight", binding="b") == 4
+    release.set()
+    wait_until(lambda: queue_depth(svc.queue) == 0 and unacked(svc.queue) == 0, 30, "a drain")
+    wait_until(lambda: svc.events("delivered") == 24, 20, "every delivery line")
+    assert sorted(sub.ids()) == sorted([*held, *(f"waiting-{i}" for i in range(20))])
+    assert sub.max_concurrent <= 4

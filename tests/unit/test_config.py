@@ -673,6 +673,49 @@ def test_url_that_delivery_could_not_use_is_a_config_error(url: str) -> None:
     )
 
 
+# URLs that libcurl would read differently from how config and logs show them.
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://host/a b", "a space"),
+        ("http://host/hook#frag", "fragment"),
+        ("http://host/100%", "'%' not followed by two hex digits"),
+        ("http://host/a\\b", "in the path or query"),
+        ("http://host/{x}", "in the path or query"),
+        ("http://u:p@ss@host/", "user:password@"),
+        ("http://010.0.0.1/", "dotted IPv4"),  # curl: octal, 8.0.0.1
+        ("http://2130706433/", "dotted IPv4"),  # curl: 127.0.0.1
+        ("http://0x7f.1/", "dotted IPv4"),
+        ("http://h\\evil.example/", "DNS name"),
+        ("http://host:/", "port must be digits"),
+    ],
+)
+@pytest.mark.parametrize(
+    "key", ["bindings[0].subscriber", "bindings[0].dead_letter.sink", "bindings[0].reply.url"]
+)
+def test_url_libcurl_would_read_differently_is_refused_by_check(
+    key: str, url: str, why: str
+) -> None:
+    message = error_of(**url_config(key, url))
+    assert message.startswith(f"{key}: must be an http(s) URL as RFC 3986 writes it: ")
+    assert why in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/",
+        "https://svc.ns.svc.cluster.local./events?x=1&y=%2F",
+        "http://user%40corp:p%2Fss@ingress/",
+        "http://[::1]:9/",
+        "http://my_service:8080/a/b;c=d",
+    ],
+)
+def test_well_formed_urls_pass(url: str) -> None:
+    settings = build(bindings=[binding(subscriber=url)])
+    assert settings.bindings[0].subscriber == url
+
+
 def test_url_with_bad_port() -> None:
     with pytest.raises(ConfigError) as info:
         build(bindings=[binding(subscriber="http://host:99999/")])

@@ -1,0 +1,406 @@
+"""The delivery engine's event loop: one thread, any number of deliveries in flight.
+
+A delivery is a coroutine (``async def``) that awaits ``Future`` objects: an
+HTTP attempt, a retry wait, a publisher confirm, a duplicate-suppression
+claim. The loop resumes it when the future it waits on is resolved. Nothing
+here blocks, and no delivery holds a thread.
+
+Why our own loop and not asyncio: the loop is the hot path of every delivery.
+Driving libcurl's multi interface with 50 POSTs in flight to a local nginx
+(2 shared CPUs, median of 3) cost 28 us of CPU per request with a coroutine
+per request on this loop, 51 us on asyncio and 41 us on uvloop; asyncio's
+selector, handle and task machinery is the difference. The loop is small on
+purpose: file descriptors (epoll, else poll), timers (a heap), a ready queue,
+and one thread-safe inbox.
+
+Threads other than the loop's own talk to it only through
+``call_soon_threadsafe``: items are queued and the loop is woken through a
+pipe once per batch (the first item after a drain writes one byte; the rest
+ride along). Everything else here is for the loop thread only.
+
+Futures carry values, never exceptions: a failed HTTP attempt or a refused
+publish is a value the awaiting code inspects. An exception escaping a
+coroutine is a bug; the loop logs it and goes on with the other deliveries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import heapq
+import itertools
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Final, Generic, TypeVar
+
+from dispatcher.logs import get_logger
+
+log = get_logger()
+
+T = TypeVar("T")
+
+READABLE: Final = select.POLLIN
+WRITABLE: Final = select.POLLOUT
+# Reported whether asked for or not: the fd's owner reads the error from it.
+FAILED: Final = select.POLLERR | select.POLLHUP
+
+
+class Future(Generic[T]):
+    """A value that arrives later. Resolved once; later resolutions are ignored."""
+
+    __slots__ = ("_callbacks", "_done", "_loop", "_value")
+
+    def __init__(self, loop: Loop) -> None:
+        self._loop = loop
+        self._done = False
+        self._value: Any = None
+        self._callbacks: list[Callable[[T], object]] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self) -> T:
+        if not self._done:
+            raise RuntimeError("future not resolved yet")
+        return self._value  # type: ignore[no-any-return]
+
+    def resolve(self, value: T) -> bool:
+        """Set the value; False (and nothing changes) when it was already set.
+
+        First wins: a publish confirm that arrives after its timeout resolved
+        the same future changes nothing.
+        """
+        if self._done:
+            return False
+        self._done = True
+        self._value = value
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
+            for callback in callbacks:
+                self._loop.call_soon(callback, value)
+        return True
+
+    def on_done(self, callback: Callable[[T], object]) -> None:
+        """Call ``callback(value)`` on the loop once resolved (at once if it is)."""
+        if self._done:
+            self._loop.call_soon(callback, self._value)
+        elif self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
+
+    def __await__(self) -> Generator[Future[T], None, T]:
+        if not self._done:
+            yield self  # the Task driving this coroutine resumes it when resolved
+        return self._value  # type: ignore[no-any-return]
+
+
+class Task:
+    """Runs one coroutine on the loop; ``finished`` resolves with its return value.
+
+    Each task runs in a fresh ``contextvars.Context`` of its own, as asyncio's
+    tasks do: what one delivery binds for its log lines (structlog's
+    contextvars) is never seen by another on the same thread.
+    """
+
+    __slots__ = ("_context", "_coro", "finished")
+
+    def __init__(self, loop: Loop, coro: Coroutine[Future[Any], Any, Any]) -> None:
+        self._coro = coro
+        self._context = contextvars.Context()
+        self.finished: Future[Any] = Future(loop)
+        self._step(None)
+
+    def _step(self, value: object) -> None:
+        try:
+            awaited = self._context.run(self._coro.send, value)
+        except StopIteration as stop:
+            self.finished.resolve(stop.value)
+            return
+        except Exception:
+            log.exception("a delivery task failed")
+            self.finished.resolve(None)
+            return
+        awaited.on_done(self._step)
+
+
+class Timer:
+    """A scheduled callback; ``cancel`` stops it from running."""
+
+    __slots__ = ("args", "callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+        self.when = when
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Poller:
+    """epoll where there is one (Linux), else poll: same masks, one interface."""
+
+    def __init__(self) -> None:
+        self._epoll = getattr(select, "epoll", None)
+        self._impl: Any = self._epoll() if self._epoll is not None else select.poll()
+
+    def register(self, fd: int, mask: int) -> None:
+        self._impl.register(fd, mask)
+
+    def modify(self, fd: int, mask: int) -> None:
+        self._impl.modify(fd, mask)
+
+    def unregister(self, fd: int) -> None:
+        with contextlib.suppress(OSError, KeyError, ValueError):  # already closed by its owner
+            self._impl.unregister(fd)
+
+    def poll(self, timeout: float | None) -> list[tuple[int, int]]:
+        if self._epoll is not None:
+            return self._impl.poll(-1 if timeout is None else timeout)  # type: ignore[no-any-return]
+        ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        return self._impl.poll(ms)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._impl.close()
+
+
+class Loop:
+    """The loop and the thread that runs it."""
+
+    def __init__(self, name: str = "engine", clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.time = clock
+        self._poller = _Poller()
+        self._watched: dict[int, tuple[int, Callable[[int, int], object]]] = {}
+        self._ready: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._sequence = itertools.count()
+        self._iteration_end: list[Callable[[], object]] = []
+        # The inbox: the only state other threads touch, under this lock.
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[Callable[[Any], object], Any]] = []
+        self._woken = False
+        self._closed = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.watch(self._wake_r, READABLE, self._drain_inbox)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ----------------------------------------------------------------- any thread
+
+    def call_soon_threadsafe(self, callback: Callable[[T], object], arg: T) -> bool:
+        """Run ``callback(arg)`` on the loop; False if the loop has stopped for good."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._inbox.append((callback, arg))
+            if self._woken:
+                return True
+            self._woken = True
+        with contextlib.suppress(BlockingIOError):  # the pipe is full: the loop is awake anyway
+            os.write(self._wake_w, b"\0")
+        return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._thread_main, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _thread_main(self) -> None:
+        try:
+            self.run()
+        finally:
+            self.close()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop after the current iteration; True once the thread has ended (bounded)."""
+        self.call_soon_threadsafe(self._request_stop, None)
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    # ----------------------------------------------------------------- the loop thread
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        self._ready.append((callback, args))
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
+        timer = Timer(self.time() + max(0.0, delay), callback, args)
+        heapq.heappush(self._timers, (timer.when, next(self._sequence), timer))
+        return timer
+
+    def create_future(self) -> Future[Any]:
+        return Future(self)
+
+    def spawn(self, coro: Coroutine[Future[Any], Any, T]) -> Task:
+        return Task(self, coro)
+
+    def sleep(self, seconds: float) -> Future[None]:
+        future: Future[None] = Future(self)
+        self.call_later(seconds, future.resolve, None)
+        return future
+
+    def watch(self, fd: int, mask: int, callback: Callable[[int, int], object]) -> None:
+        """Call ``callback(fd, events)`` whenever ``fd`` is ready for ``mask``."""
+        if fd in self._watched:
+            if self._watched[fd][0] != mask:
+                self._poller.modify(fd, mask)
+        else:
+            self._poller.register(fd, mask)
+        self._watched[fd] = (mask, callback)
+
+    def unwatch(self, fd: int) -> None:
+        if self._watched.pop(fd, None) is not None:
+            self._poller.unregister(fd)
+
+    def at_iteration_end(self, callback: Callable[[], object]) -> None:
+        """Run ``callback()`` once per iteration, after everything that became ready ran:
+        the place to flush what the iteration produced as one batch."""
+        self._iteration_end.append(callback)
+
+    def run(self) -> None:
+        """Run in the calling thread until ``stop`` (or ``run_until_complete``'s end)."""
+        self._stopping = False
+        while not self._stopping:
+            self._run_once()
+
+    def run_until_complete(self, coro: Coroutine[Future[Any], Any, T]) -> T:
+        """Run ``coro`` to its end in the calling thread (tools and tests)."""
+        task = self.spawn(coro)
+        task.finished.on_done(self._request_stop)
+        self.run()
+        return task.finished.result()  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Free the poller and the wake-up pipe; later ``call_soon_threadsafe`` returns False."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._inbox.clear()
+        self._poller.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _run_once(self) -> None:
+        events = self._poller.poll(self._timeout())
+        for fd, mask in events:
+            watched = self._watched.get(fd)
+            if watched is not None:
+                self._guarded(watched[1], (fd, mask))
+        self._run_due_timers()
+        # Only what was ready when this pass began: a callback that schedules
+        # another cannot starve the file descriptors.
+        ready = self._ready
+        for _ in range(len(ready)):
+            callback, args = ready.popleft()
+            self._guarded(callback, args)
+        for hook in self._iteration_end:
+            self._guarded(hook, ())
+
+    def _timeout(self) -> float | None:
+        if self._ready or self._stopping:
+            return 0.0
+        timers = self._timers
+        while timers and timers[0][2].cancelled:
+            heapq.heappop(timers)
+        if not timers:
+            return None
+        return max(0.0, timers[0][0] - self.time())
+
+    def _run_due_timers(self) -> None:
+        timers = self._timers
+        if not timers:
+            return
+        now = self.time()
+        while timers and timers[0][0] <= now:
+            timer = heapq.heappop(timers)[2]
+            if not timer.cancelled:
+                self._ready.append((timer.callback, timer.args))
+
+    def _drain_inbox(self, _fd: int, _mask: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+        with self._lock:
+            items, self._inbox = self._inbox, []
+            self._woken = False
+        for callback, arg in items:
+            self._guarded(callback, (arg,))
+
+    def _request_stop(self, _arg: object) -> None:
+        self._stopping = True
+
+    @staticmethod
+    def _guarded(callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+        try:
+            callback(*args)
+        except Exception:
+            # A bug in one callback must not end every delivery in flight.
+            log.exception("engine callback failed", callback=getattr(callback, "__qualname__", ""))
+
+
+class Waits:
+    """Every wait a delivery makes (retry pauses, duplicate claims), so that the end of
+    the shutdown grace period can end them all at once.
+
+    ``sleep`` resolves True when the time has passed and False when ``give_up``
+    cut it short; ``wait`` resolves with the awaited value, or ``None`` on
+    timeout or give-up. Loop thread only.
+    """
+
+    def __init__(self, loop: Loop) -> None:
+        self._loop = loop
+        self._pending: dict[Future[Any], object] = {}  # future -> its value on give-up
+        self.given_up = False
+
+    def time(self) -> float:
+        return self._loop.time()
+
+    def future(self) -> Future[Any]:
+        return self._loop.create_future()
+
+    def sleep(self, seconds: float) -> Future[bool]:
+        return self._track(self._loop.create_future(), seconds, True, False)
+
+    def wait(self, awaited: Future[T], seconds: float) -> Future[T | None]:
+        future: Future[T | None] = self._loop.create_future()
+        if not self.given_up:
+            awaited.on_done(future.resolve)
+        return self._track(future, seconds, None, None)
+
+    def _track(
+        self, future: Future[Any], seconds: float, on_time: object, on_give_up: object
+    ) -> Future[Any]:
+        if self.given_up:
+            future.resolve(on_give_up)
+            return future
+        timer = self._loop.call_later(seconds, future.resolve, on_time)
+        self._pending[future] = on_give_up
+
+        def forget(_value: object) -> None:
+            timer.cancel()
+            self._pending.pop(future, None)
+
+        future.on_done(forget)
+        return future
+
+    def give_up(self) -> None:
+        """End every wait now, and make every later one end at once."""
+        self.given_up = True
+        for future, value in list(self._pending.items()):
+            future.resolve(value)

@@ -1,0 +1,113 @@
+"""The service's publisher (dead letters, replies) against the shared broker.
+
+The engine loop runs in the test thread; the publisher's own thread answers
+it through the loop's inbox, as in the service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dispatcher.config import BrokerSettings
+from dispatcher.events import Event
+from dispatcher.loop import Future, Loop
+from dispatcher.publisher import Publisher
+from tests.support import broker
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def publishing() -> Iterator[tuple[Loop, Publisher]]:
+    loop = Loop()
+    publisher = Publisher(BrokerSettings(url=broker.URL), loop)
+    publisher.start()
+    yield loop, publisher
+    publisher.close()
+    loop.close()
+
+
+def event(number: int) -> Event:
+    return Event(
+        {"specversion": "1.0", "id": f"e-{number}", "source": "/tests", "type": "t"},
+        b'{"n": %d}' % number,
+    )
+
+
+def answers(loop: Loop, futures: list[Future[str | None]]) -> list[str | None]:
+    async def gather() -> list[str | None]:
+        return [await future for future in futures]
+
+    return loop.run_until_complete(gather())
+
+
+def test_many_publishes_in_flight_each_answered_by_its_own_confirm(publishing):
+    loop, publisher = publishing
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    try:
+        futures = [publisher.publish_event(exchange, "", event(n), 10.0) for n in range(2000)]
+        assert answers(loop, futures) == [None] * 2000
+        assert broker.queue_depth(queue) == 2000
+        assert publisher.connections_opened == 1  # long-lived: one connection for all
+        got = broker.get_all(queue)
+        assert [p.headers["ce-id"] for p, _body in got] == [f"e-{n}" for n in range(2000)]
+        properties, body = got[7]
+        assert (properties.delivery_mode, body) == (2, b'{"n": 7}')  # persistent, data as is
+    finally:
+        broker.delete([queue], [exchange])
+
+
+def test_unroutable_fails_alone_and_its_neighbours_are_accepted(publishing):
+    loop, publisher = publishing
+    routed, queue = broker.declare_fanout_with_queue(prefix="pub")
+    nowhere = broker.unique("pub-nowhere")
+    with broker.channel() as ch:
+        ch.exchange_declare(nowhere, "fanout")  # no queue bound: routes nowhere
+    try:
+        futures = [
+            publisher.publish_event(routed, "", event(1), 10.0),
+            publisher.publish_event(nowhere, "", event(2), 10.0),
+            publisher.publish_event(routed, "", event(3), 10.0),
+        ]
+        first, unroutable, third = answers(loop, futures)
+        assert (first, third) == (None, None)
+        assert unroutable is not None and unroutable.startswith("unroutable")
+        assert broker.queue_depth(queue) == 2
+    finally:
+        broker.delete([queue], [routed, nowhere])
+
+
+def test_a_missing_exchange_fails_and_the_channel_comes_back(publishing):
+    loop, publisher = publishing
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    try:
+        [missing] = answers(
+            loop, [publisher.publish_event(broker.unique("absent"), "", event(1), 10.0)]
+        )
+        assert missing is not None and "404" in missing
+        [later] = answers(loop, [publisher.publish_event(exchange, "", event(2), 10.0)])
+        assert later is None  # a new channel on the same connection
+        assert publisher.connections_opened == 1
+    finally:
+        broker.delete([queue], [exchange])
+
+
+def test_a_message_that_cannot_be_encoded_fails_alone(publishing):
+    loop, publisher = publishing
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    try:
+        too_long: dict[str, Any] = {"x" * 300: "header names are short strings in AMQP"}
+        futures = [
+            publisher.publish(exchange, "", b"", too_long, None, 10.0),
+            publisher.publish_event(exchange, "", event(2), 10.0),
+        ]
+        bad, good = answers(loop, futures)
+        assert bad is not None and bad.startswith("cannot be published")
+        assert good is None
+    finally:
+        with contextlib.suppress(Exception):
+            broker.delete([queue], [exchange])
