@@ -20,9 +20,9 @@ from typing import Final
 
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
-from dispatcher.httpclient import BodyLimit, Endpoint, HttpClient, Response, request_headers
+from dispatcher.httpclient import Endpoint, HttpClient, Reading, Response, request_headers
 from dispatcher.loop import Waits
-from dispatcher.retry import Backoff, Verdict, classify, parse_retry_after
+from dispatcher.retry import Backoff, Verdict, classify
 
 # What an error-response body contributes to a dead letter is at most 1024
 # base64 characters; keeping a little more than that is plenty.
@@ -56,7 +56,7 @@ class HttpTarget:
         waits: Waits,
         observe: AttemptObserver | None = None,
         max_response_bytes: int = 8 * 1024 * 1024,
-        keep_response_body: bool = False,
+        read_reply: bool = False,
         backoff: Backoff | None = None,
     ) -> None:
         self.url = endpoint.url
@@ -65,10 +65,10 @@ class HttpTarget:
         self._delivery = delivery
         self._waits = waits
         self._observe = observe
-        # A body is read up to max_body_size at most; kept whole only when a reply
-        # may be in it, else as much as a dead letter can carry.
-        keep = max_response_bytes if keep_response_body else ERROR_BODY_LIMIT
-        self._bounds = BodyLimit(min(keep, max_response_bytes), max_response_bytes)
+        # A body is read up to max_body_size at most; kept whole (with the headers)
+        # only when a reply may be in it, else as much as a dead letter can carry.
+        keep = max_response_bytes if read_reply else ERROR_BODY_LIMIT
+        self._reading = Reading(min(keep, max_response_bytes), max_response_bytes, read_reply)
         self._backoff = backoff or Backoff(
             delivery.backoff_policy, delivery.backoff_delay, delivery.backoff_max
         )
@@ -87,7 +87,7 @@ class HttpTarget:
             budget = min(self._delivery.timeout, deadline - waits.time())
             started = waits.time()
             response = await self._client.post(
-                self._endpoint, headers, request.body, max(budget, 0.001), self._bounds
+                self._endpoint, headers, request.body, max(budget, 0.001), self._reading
             )
             if self._observe is not None:
                 self._observe(response.status, waits.time() - started)
@@ -97,7 +97,7 @@ class HttpTarget:
                 return Outcome(Result.DELIVERED, response, number)
             if verdict is Verdict.FAIL or number > retries:
                 return Outcome(Result.FAILED, response, number)
-            wait = self._backoff.wait(number - 1, parse_retry_after(response.header("retry-after")))
+            wait = self._backoff.wait(number - 1, response.retry_after)
             if waits.time() + wait >= deadline:
                 return Outcome(Result.FAILED, response, number)
             if not await waits.sleep(wait):

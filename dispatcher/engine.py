@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dispatcher import logs
 from dispatcher.handler import Action, Handler, Received
 from dispatcher.httpclient import HttpClient
 from dispatcher.logs import get_logger
@@ -47,7 +48,7 @@ Verdicts = Callable[[list[Verdict]], None]
 class _Binding:
     name: str
     handler: Handler
-    metrics: BindingMetrics
+    in_flight: int = 0
 
 
 class Engine:
@@ -55,16 +56,21 @@ class Engine:
         self.loop = Loop("engine")
         self.waits = Waits(self.loop)
         self.http = HttpClient(self.loop, max_connections)
+        self.lines = logs.DeliveryLines()
         self._bindings: dict[str, _Binding] = {}
         self._settle: Verdicts = lambda _verdicts: None
         self._verdicts: list[Verdict] = []
         self._in_flight = 0
         self._shutting_down = False
         self._idle = threading.Event()
+        self.loop.at_iteration_end(self.lines.flush)
         self.loop.at_iteration_end(self._flush)
 
     def add_binding(self, name: str, handler: Handler, metrics: BindingMetrics) -> None:
-        self._bindings[name] = _Binding(name, handler, metrics)
+        binding = _Binding(name, handler)
+        self._bindings[name] = binding
+        # Read when scraped: no gauge update (and its lock) per delivery.
+        metrics.inflight.set_function(lambda: binding.in_flight)
 
     def settle_with(self, settle: Verdicts) -> None:
         """Where verdicts go (the supervisor), one batch per loop iteration."""
@@ -72,11 +78,12 @@ class Engine:
 
     # ----------------------------------------------------------------- any thread
 
-    def submit(self, binding: str, received: Received) -> None:
-        if not self.loop.call_soon_threadsafe(self._start, (binding, received)):
-            # The engine has stopped: nothing will settle it. Say so, so the
-            # supervisor frees its slot; the broker redelivers the message.
-            self._settle([Verdict(binding, received, Action.LEAVE)])
+    def submit(self, batch: list[tuple[str, Received]]) -> None:
+        """Messages from the supervisor: (binding, message) pairs, one wake-up for all."""
+        if not self.loop.call_soon_threadsafe(self._start_all, batch):
+            # The engine has stopped: nothing will settle them. Say so, so the
+            # supervisor frees their slots; the broker redelivers the messages.
+            self._settle([Verdict(name, received, Action.LEAVE) for name, received in batch])
 
     def start(self) -> None:
         self.loop.start()
@@ -97,15 +104,15 @@ class Engine:
 
     # ----------------------------------------------------------------- the loop thread
 
-    def _start(self, item: tuple[str, Received]) -> None:
-        name, received = item
-        if self._shutting_down:
-            self._verdicts.append(Verdict(name, received, Action.LEAVE))
-            return
-        binding = self._bindings[name]
-        self._in_flight += 1
-        binding.metrics.inflight.inc()
-        self.loop.spawn(self._deliver(binding, received))
+    def _start_all(self, batch: list[tuple[str, Received]]) -> None:
+        for name, received in batch:
+            if self._shutting_down:
+                self._verdicts.append(Verdict(name, received, Action.LEAVE))
+                continue
+            binding = self._bindings[name]
+            self._in_flight += 1
+            binding.in_flight += 1
+            self.loop.spawn(self._deliver(binding, received))
 
     async def _deliver(self, binding: _Binding, received: Received) -> None:
         action = Action.LEAVE
@@ -116,7 +123,7 @@ class Engine:
             # Give the message back rather than hold its prefetch slot forever.
             action = Action.REQUEUE if await self.waits.sleep(_BUG_PAUSE) else Action.LEAVE
         finally:
-            binding.metrics.inflight.dec()
+            binding.in_flight -= 1
             self._verdicts.append(Verdict(binding.name, received, action))
             self._in_flight -= 1
             if self._shutting_down and self._in_flight == 0:

@@ -73,6 +73,7 @@ _IDENTITY_PROPERTIES: Final = (
 # The CloudEvents HTTP binding (3.1.3.2): printable ASCII except space, '"' and '%'.
 _HTTP_SAFE: Final = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+_NEEDS_QUOTING: Final = re.compile("[^" + re.escape(_HTTP_SAFE) + "]")
 # Attributes the JSON format requires to be strings (extensions may be numbers or booleans).
 _STRING_ATTRIBUTES: Final = frozenset(
     {"specversion", "id", "source", "type", "datacontenttype", "dataschema", "subject", "time"}
@@ -200,7 +201,9 @@ def _binary_attributes(headers: Mapping[str, Any]) -> dict[str, str] | None:
 def _header_text(name: str, value: Any) -> str:
     """Render an AMQP header value (any type pika decodes) as an attribute string."""
     text: str
-    if isinstance(value, bool):  # before int: bool is an int
+    if type(value) is str:  # by far the commonest: first
+        text = value
+    elif isinstance(value, bool):  # before int: bool is an int
         text = "true" if value else "false"
     elif isinstance(value, str):
         text = value
@@ -223,7 +226,8 @@ def _header_text(name: str, value: Any) -> str:
 
 
 def _clean(name: str, text: str) -> str:
-    if _CONTROL.search(text):
+    # isprintable() (C) says yes for almost every value; only a no needs the regex.
+    if not text.isprintable() and _CONTROL.search(text):
         raise EventError(f"header {name!r} contains control characters (CR, LF or other)")
     return text
 
@@ -503,7 +507,8 @@ def to_http(event: Event, mode: str, trace: Mapping[str, str] | None = None) -> 
         if name == "datacontenttype":
             headers["content-type"] = value
         else:
-            headers["ce-" + name] = quote(value, safe=_HTTP_SAFE)
+            quoted = quote(value, safe=_HTTP_SAFE) if _NEEDS_QUOTING.search(value) else value
+            headers["ce-" + name] = quoted
     return HttpRequestParts(headers, event.data or b"")
 
 

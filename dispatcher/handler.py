@@ -87,6 +87,7 @@ class Handler:
         dedupe: DedupeStore,
         metrics: BindingMetrics,
         waits: Waits,
+        lines: logs.DeliveryLines,
     ) -> None:
         self._binding = binding
         self._vhost = vhost
@@ -96,6 +97,7 @@ class Handler:
         self._dedupe = dedupe
         self._metrics = metrics
         self._waits = waits
+        self._lines = lines
         self._log = log.bind(binding=binding.name)
         d = binding.delivery
         self._requeue_backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
@@ -248,6 +250,5 @@ class Handler:
         }
         if final.reason:
             fields["reason"] = final.reason
-        logs.delivery(fields)
-        # After the log line: whoever waits on the counter can rely on the line.
-        self._metrics.events[final.outcome].inc()
+        # The counter moves once the line is out: whoever waits on it can rely on the line.
+        self._lines.add(fields, self._metrics.events[final.outcome].inc)

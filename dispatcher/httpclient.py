@@ -4,14 +4,19 @@ libcurl does every part of HTTP (framing, chunked bodies, keep-alive, TLS,
 proxies, Basic auth from ``user:password@``); this module only feeds it
 requests and turns finished transfers into ``Response`` values. One
 ``CurlMulti`` serves every binding: curl tells the loop which sockets to
-watch (``M_SOCKETFUNCTION``) and when to wake it (``M_TIMERFUNCTION``), so
-thousands of requests can be in flight on the one engine thread.
+watch (``M_SOCKETFUNCTION``), and after each call we ask it when to wake it
+next (``timeout()``, rather than a timer callback from inside curl: every
+callback must take the GIL back, often from the pika thread), so thousands
+of requests can be in flight on the one engine thread.
 
 What each request costs in Python is kept to a handful of calls: easy
 handles are pooled per endpoint with everything that does not change set
 once (URL, TLS files, proxy, HTTP/1.1, no redirects); a request sets only its
-body, its header list and its timeout. Response header lines are collected by
-``list.append`` (a C call) and parsed only when someone asks for a header.
+body, its header list and its timeout. Response headers are collected only
+when the caller reads them (a reply may be in them): each header line is a
+callback from curl, and each callback must take the GIL back from the pika
+thread. ``Retry-After`` comes from curl itself (``CURLINFO_RETRY_AFTER``,
+delta-seconds or an HTTP date), collected or not.
 
 Bodies are bounded: at most ``keep`` bytes of a response are kept, and a
 body longer than ``limit`` ends the transfer there (curl stops reading; the
@@ -86,17 +91,19 @@ def endpoint(url: str, tls: TlsSettings, environ: Mapping[str, str], key: str) -
 
 
 @dataclass(frozen=True, slots=True)
-class BodyLimit:
-    """``keep``: bytes of a response body kept; ``limit``: bytes read at most."""
+class Reading:
+    """What to keep of a response: ``keep`` bytes of the body (``limit``: read at
+    most this many, then stop the transfer), and its headers or not."""
 
     keep: int
     limit: int
+    headers: bool = False
 
 
 class Response:
     """One attempt's answer: a status with headers and (part of) the body, or -1 and why."""
 
-    __slots__ = ("_head", "body", "error", "status", "timed_out", "truncated")
+    __slots__ = ("_head", "body", "error", "retry_after", "status", "timed_out", "truncated")
 
     def __init__(
         self,
@@ -106,6 +113,7 @@ class Response:
         error: str | None = None,
         truncated: bool = False,
         timed_out: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         self.status = status
         self.body = body
@@ -113,10 +121,12 @@ class Response:
         self.error = error
         self.truncated = truncated
         self.timed_out = timed_out
+        self.retry_after = retry_after  # seconds the server asked for, if it did
 
     @property
     def headers(self) -> Mapping[str, str]:
-        """Header names lower-cased; a repeated header keeps its last value."""
+        """Header names lower-cased; a repeated header keeps its last value. Empty
+        unless ``Reading.headers`` asked for them."""
         return parse_head(self._head)
 
     def header(self, name: str) -> str | None:
@@ -154,6 +164,7 @@ class _Transfer:
         "keep",
         "kept",
         "limit",
+        "listening",
         "received",
         "truncated",
     )
@@ -163,19 +174,25 @@ class _Transfer:
         self.head: list[bytes] = []
         self.body: list[bytes] = []
         self.kept = self.received = self.keep = self.limit = 0
-        self.truncated = self.aborted = False
+        self.truncated = self.aborted = self.listening = False
         self.future: Future[Response] | None = None
         self.curl = _easy_handle(endpoint)
-        self.curl.setopt(pycurl.HEADERFUNCTION, self.head.append)
         self.curl.setopt(pycurl.WRITEFUNCTION, self._write)
 
-    def prepare(self, body: bytes, headers: list[str], timeout: float, bounds: BodyLimit) -> None:
+    def prepare(self, body: bytes, headers: list[str], timeout: float, reading: Reading) -> None:
         self.head.clear()
         self.body.clear()
         self.kept = self.received = 0
-        self.keep, self.limit = bounds.keep, bounds.limit
+        self.keep, self.limit = reading.keep, reading.limit
         self.truncated = self.aborted = False
         curl = self.curl
+        if reading.headers != self.listening:
+            # list.append: a C call per header line, only when someone reads them.
+            if reading.headers:
+                curl.setopt(pycurl.HEADERFUNCTION, self.head.append)
+            else:
+                curl.unsetopt(pycurl.HEADERFUNCTION)
+            self.listening = reading.headers
         curl.setopt(pycurl.POSTFIELDS, body)
         curl.setopt(pycurl.HTTPHEADER, headers)
         curl.setopt(pycurl.TIMEOUT_MS, max(1, int(timeout * 1000)))
@@ -199,7 +216,12 @@ class _Transfer:
         status = int(self.curl.getinfo(pycurl.RESPONSE_CODE))
         body = b"".join(self.body) if self.body else b""
         if code == 0 or (self.aborted and code == pycurl.E_WRITE_ERROR and status):
-            return Response(status, body, list(self.head), truncated=self.truncated)
+            head = list(self.head) if self.head else None
+            response = Response(status, body, head, truncated=self.truncated)
+            if not 200 <= status < 300:
+                # 0: none, or one curl could not read (then ours is the only wait).
+                response.retry_after = float(self.curl.getinfo(pycurl.RETRY_AFTER)) or None
+            return response
         if code == pycurl.E_OPERATION_TIMEDOUT:
             return Response(-1, error="timeout", timed_out=True)
         return Response(-1, error=f"curl error {code}: {message}"[:300])
@@ -239,9 +261,10 @@ def _set_tls(curl: pycurl.Curl, tls: TlsSettings) -> None:
 
 
 def request_headers(headers: Mapping[str, str]) -> list[str]:
-    """curl's header list for a request: ours, and none that curl would add on its own."""
+    """curl's header list for a request (names lower-case, as ``events.to_http`` writes
+    them): ours, and none that curl would add on its own."""
     lines = [f"{name}: {value}" for name, value in headers.items()]
-    if not any(name.lower() == "content-type" for name in headers):
+    if "content-type" not in headers:
         lines.append(_NO_CONTENT_TYPE)
     lines.extend(_SUPPRESSED)
     return lines
@@ -257,14 +280,14 @@ class HttpClient:
         # be in flight, so a burst never closes what the next burst needs.
         self._multi.setopt(pycurl.M_MAXCONNECTS, max(1, max_connections))
         self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
-        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         self._timer: Timer | None = None
+        self._kicked = False  # a socket_action(TIMEOUT) is due this iteration
         self._idle: dict[Endpoint, list[_Transfer]] = {}
         self._busy: dict[int, _Transfer] = {}  # id(curl handle) -> transfer
         self._closed = False
 
     def post(
-        self, endpoint: Endpoint, headers: list[str], body: bytes, timeout: float, bounds: BodyLimit
+        self, endpoint: Endpoint, headers: list[str], body: bytes, timeout: float, reading: Reading
     ) -> Future[Response]:
         future: Future[Response] = self._loop.create_future()
         if self._closed:
@@ -272,7 +295,7 @@ class HttpClient:
             return future
         idle = self._idle.get(endpoint)
         transfer = idle.pop() if idle else _Transfer(endpoint)
-        transfer.prepare(body, headers, timeout, bounds)
+        transfer.prepare(body, headers, timeout, reading)
         transfer.future = future
         try:
             self._multi.add_handle(transfer.curl)
@@ -281,6 +304,11 @@ class HttpClient:
             future.resolve(Response(-1, error=f"curl refused the request: {e}"))
             return future
         self._busy[id(transfer.curl)] = transfer
+        if not self._kicked:
+            # curl starts what was added on its next timeout action: one for all
+            # the requests added in this pass of the loop.
+            self._kicked = True
+            self._loop.call_soon(self._on_timeout)
         return future
 
     @property
@@ -306,26 +334,36 @@ class HttpClient:
 
     def _on_socket(self, what: int, fd: int, _multi: object, _data: object) -> None:
         if what == pycurl.POLL_REMOVE:
-            self._loop.unwatch(fd)
+            # Usually a kept-alive connection between two requests: let it rest
+            # rather than unregister it now and register it again for the next.
+            self._loop.rest(fd)
             return
         mask = (READABLE if what & pycurl.POLL_IN else 0) | (
             WRITABLE if what & pycurl.POLL_OUT else 0
         )
         self._loop.watch(fd, mask, self._on_ready)
 
-    def _on_timer(self, ms: int) -> None:
-        # Called from inside curl: only schedule, never drive curl from here.
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if ms >= 0:
-            self._timer = self._loop.call_later(ms / 1000.0, self._on_timeout)
-
     def _on_timeout(self) -> None:
         self._timer = None
+        self._kicked = False
         if not self._closed:
             self._multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
             self._collect()
+
+    def _wake_for_curl(self) -> None:
+        """After driving curl: be back when its next deadline (a timeout, a retry of
+        a connect) is due. A timer already set for earlier stays; one set for later
+        is replaced. A timer that fires early costs one harmless timeout action."""
+        ms = self._multi.timeout()
+        if ms < 0:
+            return
+        when = self._loop.time() + ms / 1000.0
+        timer = self._timer
+        if timer is not None and not timer.cancelled and timer.when <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._timer = self._loop.call_later(ms / 1000.0, self._on_timeout)
 
     def _on_ready(self, fd: int, events: int) -> None:
         if self._closed:
@@ -349,7 +387,8 @@ class HttpClient:
             for curl, code, message in failed:
                 self._finish(curl, code, message)
             if not queued:
-                return
+                break
+        self._wake_for_curl()
 
     def _finish(self, curl: pycurl.Curl, code: int, message: str) -> None:
         self._multi.remove_handle(curl)

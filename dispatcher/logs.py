@@ -1,9 +1,12 @@
-"""structlog configuration: JSON lines on stdout (or console), flushed per line.
+"""structlog configuration: JSON lines on stdout (or console).
 
 The ``delivery`` line is written once per message, so it has a direct path
-(``delivery``): in JSON format it is the same line structlog would render,
-built with one ``json.dumps`` instead of a processor chain and a new bound
-logger per call (about 16 us a line down to about 5).
+(``DeliveryLines``): in JSON format it is the same line structlog would
+render, built with one cached JSON encoder instead of a processor chain and
+a new bound logger per call. The engine writes the lines of one loop
+iteration with one ``write`` and one flush (a syscall each per line was
+about 10 us of a delivery's CPU); an iteration lasts a millisecond or so,
+so lines still appear as they happen.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -59,18 +63,47 @@ def get_logger(**initial: Any) -> Any:
     return structlog.get_logger("dispatcher", **initial)
 
 
-def delivery(fields: dict[str, Any]) -> None:
-    """Write the ``event: "delivery"`` line for one final outcome."""
-    if not _direct.json:
-        get_logger().info("delivery", **fields)
-        return
-    line = {
-        **structlog.contextvars.get_contextvars(),
-        **fields,
-        "event": "delivery",
-        "level": "info",
-        "timestamp": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
-    }
-    stream = sys.stdout  # looked up per line: whoever replaced stdout (tests) gets it
-    stream.write(json.dumps(line, default=repr) + "\n")
-    stream.flush()
+_ENCODER = json.JSONEncoder(default=repr)
+
+
+class DeliveryLines:
+    """The ``event: "delivery"`` lines of final outcomes, written in batches.
+
+    ``add`` renders a line now (its timestamp is the outcome's) and keeps it
+    with what must happen once it is out (the outcome counter: whoever waits
+    on the counter can rely on the line); ``flush`` writes every kept line,
+    then runs those. Below info level, or in console format, lines go
+    through structlog at once.
+    """
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._then: list[Callable[[], object]] = []
+
+    def add(self, fields: dict[str, Any], then: Callable[[], object]) -> None:
+        if not _direct.json:
+            get_logger().info("delivery", **fields)
+            then()
+            return
+        line = {
+            **structlog.contextvars.get_contextvars(),
+            **fields,
+            "event": "delivery",
+            "level": "info",
+            "timestamp": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+        }
+        text = _ENCODER.encode(line)
+        self._lines.append(text + "\n")
+        self._then.append(then)
+
+    def flush(self) -> None:
+        if not self._then:
+            return
+        lines, then = self._lines, self._then
+        self._lines, self._then = [], []
+        if lines:
+            stream = sys.stdout  # looked up per batch: whoever replaced stdout (tests) gets it
+            stream.write("".join(lines))
+            stream.flush()
+        for callback in then:
+            callback()

@@ -154,8 +154,15 @@ class _Poller:
     def register(self, fd: int, mask: int) -> None:
         self._impl.register(fd, mask)
 
-    def modify(self, fd: int, mask: int) -> None:
-        self._impl.modify(fd, mask)
+    def modify(self, fd: int, mask: int) -> bool:
+        """False when ``fd`` is not registered (any more: closing a socket drops it)."""
+        try:
+            self._impl.modify(fd, mask)
+        except FileNotFoundError:  # epoll: ENOENT
+            return False
+        except KeyError:  # poll
+            return False
+        return True
 
     def unregister(self, fd: int) -> None:
         with contextlib.suppress(OSError, KeyError, ValueError):  # already closed by its owner
@@ -180,6 +187,7 @@ class Loop:
         self.time = clock
         self._poller = _Poller()
         self._watched: dict[int, tuple[int, Callable[[int, int], object]]] = {}
+        self._dormant: set[int] = set()  # registered, but nobody is listening (``rest``)
         self._ready: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
         self._timers: list[tuple[float, int, Timer]] = []
         self._sequence = itertools.count()
@@ -256,16 +264,32 @@ class Loop:
 
     def watch(self, fd: int, mask: int, callback: Callable[[int, int], object]) -> None:
         """Call ``callback(fd, events)`` whenever ``fd`` is ready for ``mask``."""
-        if fd in self._watched:
-            if self._watched[fd][0] != mask:
-                self._poller.modify(fd, mask)
-        else:
+        known = self._watched.get(fd)
+        if known is None:
             self._poller.register(fd, mask)
+        elif known[0] != mask and not self._poller.modify(fd, mask):
+            self._poller.register(fd, mask)  # closed and its number reused meanwhile
         self._watched[fd] = (mask, callback)
+        self._dormant.discard(fd)
 
     def unwatch(self, fd: int) -> None:
         if self._watched.pop(fd, None) is not None:
+            self._dormant.discard(fd)
             self._poller.unregister(fd)
+
+    def rest(self, fd: int) -> None:
+        """``fd`` needs no watching for now, but probably will again soon (a keep-alive
+        connection between two requests). A read-only watch stays registered, with no
+        syscall now nor when the same watch comes back; an event meanwhile (the peer
+        closed it) unregisters it. Anything else is unwatched at once: an idle socket
+        is always writable."""
+        known = self._watched.get(fd)
+        if known is None:
+            return
+        if known[0] == READABLE:
+            self._dormant.add(fd)
+        else:
+            self.unwatch(fd)
 
     def at_iteration_end(self, callback: Callable[[], object]) -> None:
         """Run ``callback()`` once per iteration, after everything that became ready ran:
@@ -299,6 +323,9 @@ class Loop:
     def _run_once(self) -> None:
         events = self._poller.poll(self._timeout())
         for fd, mask in events:
+            if fd in self._dormant:
+                self.unwatch(fd)  # its owner is not listening: a closed idle connection
+                continue
             watched = self._watched.get(fd)
             if watched is not None:
                 self._guarded(watched[1], (fd, mask))
@@ -367,9 +394,7 @@ class Waits:
         self._loop = loop
         self._pending: dict[Future[Any], object] = {}  # future -> its value on give-up
         self.given_up = False
-
-    def time(self) -> float:
-        return self._loop.time()
+        self.time: Callable[[], float] = loop.time  # the clock itself: read often
 
     def future(self) -> Future[Any]:
         return self._loop.create_future()

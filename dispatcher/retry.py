@@ -2,14 +2,13 @@
 
 The status table is PRODUCT.md's "Delivery semantics": 404, 408, 409, 429, 5xx,
 timeouts and connection errors are retried; any other 3xx/4xx goes to the
-dead-letter path at once; 2xx is success.
+dead-letter path at once; 2xx is success. A ``Retry-After`` is read by libcurl
+(``Response.retry_after``) and honoured here, capped at ``backoff_max``.
 """
 
 from __future__ import annotations
 
-import email.utils
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -61,19 +60,3 @@ class Backoff:
             # The subscriber asked for a pause: honour it, but never beyond our cap.
             jittered = max(jittered, min(retry_after, self.maximum))
         return min(jittered, self.maximum)
-
-
-def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
-    """Seconds from a ``Retry-After`` (delta-seconds or HTTP-date); ``None`` if absent or bad."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():  # str.isdigit() also accepts '²'
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - now())

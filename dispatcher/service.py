@@ -75,6 +75,7 @@ class Service:
         except (OSError, ssl.SSLError, ValueError) as e:
             raise ConfigError("broker.tls", f"cannot load: {e}") from e
         self.engine.settle_with(self.supervisor.settle)
+        self.supervisor.deliver_to(self.engine.submit)
         try:
             self.ops = OpsServer(
                 settings.http.host,
@@ -111,7 +112,7 @@ class Service:
         subscriber = target(
             urls.subscriber,
             observe=metrics.observe_attempt,
-            keep_response_body=binding.reply.url is not None or binding.reply.exchange is not None,
+            read_reply=binding.reply.url is not None or binding.reply.exchange is not None,
         )
         assert subscriber is not None
         sink = target(urls.sink)
@@ -134,9 +135,10 @@ class Service:
             DedupeStore(binding.dedupe_window, engine.waits),
             metrics,
             engine.waits,
+            engine.lines,
         )
         engine.add_binding(binding.name, handler, metrics)
-        self.supervisor.add_binding(binding, partial(engine.submit, binding.name))
+        self.supervisor.add_binding(binding)
 
     # ----------------------------------------------------------------- lifecycle
 

@@ -8,6 +8,7 @@ where RFC 9112 says how to read the message, that reading.
 from __future__ import annotations
 
 import base64
+import email.utils
 import ssl
 import time
 from pathlib import Path
@@ -17,9 +18,9 @@ import pytest
 from dispatcher.config import TlsSettings
 from dispatcher.errors import ConfigError
 from dispatcher.httpclient import (
-    BodyLimit,
     Endpoint,
     HttpClient,
+    Reading,
     Response,
     endpoint,
     request_headers,
@@ -28,7 +29,7 @@ from dispatcher.loop import Loop
 from tests.support.node import make_tls_material
 from tests.support.raw_http import RawServer, Step, drip, ok
 
-BOUNDS = BodyLimit(keep=4096, limit=64 * 1024)
+BOUNDS = Reading(keep=4096, limit=64 * 1024, headers=True)
 
 
 @pytest.fixture
@@ -41,13 +42,13 @@ def http():
         body: bytes = b"{}",
         headers: dict[str, str] | None = None,
         timeout: float = 2.0,
-        bounds: BodyLimit = BOUNDS,
+        reading: Reading = BOUNDS,
     ) -> Response:
         where = Endpoint(target) if isinstance(target, str) else target
 
         async def one() -> Response:
             # The header list as delivery builds it: ours plus curl's suppressions.
-            return await client.post(where, request_headers(headers or {}), body, timeout, bounds)
+            return await client.post(where, request_headers(headers or {}), body, timeout, reading)
 
         return loop.run_until_complete(one())
 
@@ -142,7 +143,7 @@ def test_a_2xx_over_the_size_limit_is_an_answer_read_no_further(http, serve):
     body_steps: list[Step] = [chunk] * 200  # 12.5 MiB, far past the limit
     head = f"HTTP/1.1 200 OK\r\ncontent-length: {len(chunk) * 200}\r\n\r\n".encode()
     server = serve([head, *body_steps])
-    response = http(server.url(), bounds=BodyLimit(keep=1000, limit=100_000))
+    response = http(server.url(), reading=Reading(keep=1000, limit=100_000))
     assert response.status == 200
     assert response.truncated
     assert response.body == b"y" * 1000  # kept: what was asked for, never more
@@ -152,7 +153,7 @@ def test_a_2xx_over_the_size_limit_is_an_answer_read_no_further(http, serve):
 
 def test_an_error_body_past_keep_is_truncated_but_the_connection_kept(http, serve):
     server = serve(lambda _i: ok(400, b"e" * 10_000))
-    first = http(server.url(), bounds=BodyLimit(keep=4096, limit=64 * 1024))
+    first = http(server.url(), reading=Reading(keep=4096, limit=64 * 1024))
     second = http(server.url())
     assert first.status == 400 and first.truncated and len(first.body) == 4096
     assert second.status == 400
@@ -194,6 +195,40 @@ def test_redirects_are_answers_never_followed(http, serve):
     assert response.status == 302
     assert response.header("location") == "http://127.0.0.1:9/elsewhere"
     assert len(server.requests) == 1
+
+
+def http_date(offset: float) -> str:
+    return email.utils.formatdate(time.time() + offset, usegmt=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("7", 7.0),
+        (30.0, 30.0),  # an HTTP date 30 s from now
+        (-30.0, None),  # a date in the past: no wait
+        ("soon", None),
+        ("-5", None),
+        ("1.5", 1.0),  # not RFC 9110 (digits only); curl reads the leading digits
+    ],
+)
+def test_retry_after_is_read_by_curl(http, serve, value, seconds):
+    header = http_date(value) if isinstance(value, float) else value
+    server = serve(lambda _i: ok(503, extra=f"Retry-After: {header}\r\n".encode()))
+    response = http(server.url(), reading=Reading(keep=0, limit=100))
+    assert response.status == 503
+    if seconds is None:
+        assert response.retry_after is None
+    else:
+        assert response.retry_after == pytest.approx(seconds, abs=2)
+
+
+def test_headers_are_kept_only_when_asked_for(http, serve):
+    server = serve(lambda _i: ok(200, extra=b"ce-id: reply-1\r\n"))
+    assert http(server.url(), reading=Reading(keep=10, limit=100)).headers == {}
+    kept = http(server.url(), reading=Reading(keep=10, limit=100, headers=True))
+    assert kept.header("ce-id") == "reply-1"
+    assert http(server.url(), reading=Reading(keep=10, limit=100)).headers == {}  # and off again
 
 
 def test_headers_are_read_from_the_final_response(http, serve):

@@ -34,7 +34,7 @@ def test_direct_json_line_equals_structlogs(capsys: pytest.CaptureFixture[str]) 
     logs.configure("info", "json")
     structlog.contextvars.bind_contextvars(binding="b", extra="ctx")
     logs.get_logger().info("delivery", **FIELDS)
-    logs.delivery(FIELDS)
+    written(FIELDS)
     via_structlog, direct = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert via_structlog.pop("timestamp").endswith("Z") and direct.pop("timestamp").endswith("Z")
     assert direct == via_structlog
@@ -42,9 +42,31 @@ def test_direct_json_line_equals_structlogs(capsys: pytest.CaptureFixture[str]) 
 
 def test_console_format_and_levels_go_through_structlog(capsys) -> None:
     logs.configure("info", "console")
-    logs.delivery(FIELDS)
+    written(FIELDS)
     out = capsys.readouterr().out
     assert "delivery" in out and "ce_id=id-1" in out and not out.startswith("{")
     logs.configure("warning", "json")
-    logs.delivery(FIELDS)
+    assert written(FIELDS) == 1  # filtered out, and the counter still moves
     assert capsys.readouterr().out == ""
+
+
+def written(fields: dict[str, object]) -> int:
+    """Add one line and flush; how many follow-ups ran."""
+    lines = logs.DeliveryLines()
+    ran: list[int] = []
+    lines.add(fields, lambda: ran.append(1))
+    lines.flush()
+    return len(ran)
+
+
+def test_lines_of_a_batch_are_out_before_their_counters_move(capsys) -> None:
+    logs.configure("info", "json")
+    lines = logs.DeliveryLines()
+    seen: list[int] = []
+    for n in range(3):
+        lines.add(
+            {**FIELDS, "ce_id": f"id-{n}"}, lambda: seen.append(capsys.readouterr().out.count("\n"))
+        )
+    assert capsys.readouterr().out == ""  # nothing written before the flush
+    lines.flush()
+    assert seen == [3, 0, 0]  # the first counter moved with all three lines already out

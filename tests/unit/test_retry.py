@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import email.utils
-
 import pytest
 
-from dispatcher.retry import Backoff, Verdict, classify, parse_retry_after
+from dispatcher.retry import Backoff, Verdict, classify
 
 
 @pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
@@ -43,22 +41,6 @@ def test_retry_after_is_honoured_but_capped():
     assert backoff.wait(0, retry_after=1.5) == pytest.approx(1.5)
     assert backoff.wait(0, retry_after=3600) == pytest.approx(2.0)
     assert backoff.wait(0, retry_after=0.0) == pytest.approx(0.1)  # never shorter than ours
-
-
-def test_parse_retry_after_forms():
-    now = 1_000_000.0
-    date = email.utils.formatdate(now + 30, usegmt=True)
-    assert parse_retry_after("7") == 7.0
-    assert parse_retry_after(date, now=lambda: now) == pytest.approx(30.0)
-    assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now=lambda: now) == 0.0
-    assert parse_retry_after("soon") is None
-    assert parse_retry_after(None) is None
-    assert parse_retry_after("-5") is None
-
-
-@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "1.5", "1e3"])
-def test_parse_retry_after_rejects_non_ascii_digits_and_non_integers(value):
-    assert parse_retry_after(value) is None
 
 
 def test_reconnect_style_wider_jitter():
