@@ -57,6 +57,14 @@ class Endpoint:
     tls: TlsSettings = field(default_factory=TlsSettings)
     proxy: str = ""  # "" = no proxy
     no_proxy: str = ""
+    # The key of its handle pool, looked up twice per request: hashed once.
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.url, self.tls, self.proxy, self.no_proxy)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 _PROXY_SCHEMES: Final = ("http", "https", "socks4", "socks4a", "socks5", "socks5h")

@@ -69,15 +69,16 @@ _ENCODER = json.JSONEncoder(default=repr)
 class DeliveryLines:
     """The ``event: "delivery"`` lines of final outcomes, written in batches.
 
-    ``add`` renders a line now (its timestamp is the outcome's) and keeps it
-    with what must happen once it is out (the outcome counter: whoever waits
-    on the counter can rely on the line); ``flush`` writes every kept line,
-    then runs those. Below info level, or in console format, lines go
-    through structlog at once.
+    ``add`` keeps a line with what must happen once it is out (the outcome
+    counter: whoever waits on the counter can rely on the line); ``flush``
+    renders and writes every kept line, then runs those. The lines of one
+    batch share the timestamp of their writing (one loop iteration: within a
+    millisecond of each outcome). Below info level, or in console format,
+    lines go through structlog at once.
     """
 
     def __init__(self) -> None:
-        self._lines: list[str] = []
+        self._lines: list[dict[str, Any]] = []
         self._then: list[Callable[[], object]] = []
 
     def add(self, fields: dict[str, Any], then: Callable[[], object]) -> None:
@@ -85,15 +86,11 @@ class DeliveryLines:
             get_logger().info("delivery", **fields)
             then()
             return
-        line = {
-            **structlog.contextvars.get_contextvars(),
-            **fields,
-            "event": "delivery",
-            "level": "info",
-            "timestamp": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
-        }
-        text = _ENCODER.encode(line)
-        self._lines.append(text + "\n")
+        context = structlog.contextvars.get_contextvars()
+        line = {**context, **fields} if context else fields
+        line["event"] = "delivery"
+        line["level"] = "info"
+        self._lines.append(line)
         self._then.append(then)
 
     def flush(self) -> None:
@@ -102,8 +99,15 @@ class DeliveryLines:
         lines, then = self._lines, self._then
         self._lines, self._then = [], []
         if lines:
+            timestamp = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
+            encode = _ENCODER.encode
+            parts = []
+            for line in lines:
+                line["timestamp"] = timestamp
+                parts.append(encode(line))
+            parts.append("")
             stream = sys.stdout  # looked up per batch: whoever replaced stdout (tests) gets it
-            stream.write("".join(lines))
+            stream.write("\n".join(parts))
             stream.flush()
         for callback in then:
             callback()

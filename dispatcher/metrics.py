@@ -30,8 +30,11 @@ CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
 def code_class(status: int) -> str:
     """``-1`` (timeout, transport error) is ``error``; otherwise the hundreds digit."""
     if 200 <= status < 600:
-        return f"{status // 100}xx"
+        return _CLASSES[status // 100]
     return "error"
+
+
+_CLASSES = ("error", "error", "2xx", "3xx", "4xx", "5xx")  # by the hundreds digit
 
 
 def duration_buckets(timeouts: list[float]) -> tuple[float, ...]:

