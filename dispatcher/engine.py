@@ -126,15 +126,15 @@ class Engine:
             binding.in_flight -= 1
             self._verdicts.append(Verdict(binding.name, received, action))
             self._in_flight -= 1
-            if self._shutting_down and self._in_flight == 0:
-                self._idle.set()
 
     def _begin_shutdown(self, _arg: object) -> None:
         self._shutting_down = True
-        if self._in_flight == 0:
-            self._idle.set()
 
     def _flush(self) -> None:
         if self._verdicts:
             verdicts, self._verdicts = self._verdicts, []
             self._settle(verdicts)
+        # Idle means every verdict is with the supervisor, not only every delivery
+        # over: shutdown closes the connection next, and an ack still here is lost.
+        if self._shutting_down and self._in_flight == 0:
+            self._idle.set()
