@@ -437,7 +437,8 @@ def _binding(raw: object, key: str) -> BindingSettings:
         declare=s.optional("declare", _declare),
         content_mode=s.get("content_mode", _choice("binary", "structured"), d.content_mode),
         tls=s.nested("tls", _tls),
-        parallelism=s.get("parallelism", _int_between(1, 1000), d.parallelism),
+        # The prefetch count is an AMQP short (and 0 would mean "unlimited").
+        parallelism=s.get("parallelism", _int_between(1, 65535), d.parallelism),
         ordered=s.get("ordered", _bool, d.ordered),
         delivery=s.nested("delivery", _delivery),
         dedupe_window=s.get("dedupe_window", parse_duration, d.dedupe_window),

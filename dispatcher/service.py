@@ -13,8 +13,10 @@ broker to redeliver, and the connection is closed. Every step is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import resource
 import ssl
 import threading
 import time
@@ -54,7 +56,13 @@ class Service:
         self._stop_requested = threading.Event()
         self._gc_threshold = gc.get_threshold()  # put back at shutdown
         endpoints = [_endpoints(index, b) for index, b in enumerate(settings.bindings)]
-        self.engine = Engine(max_connections=sum(b.workers * 3 for b in settings.bindings))
+        # Each delivery in flight may hold a connection to each of its binding's URLs.
+        connections = sum(
+            b.workers * (1 + (e.sink is not None) + (e.reply is not None))
+            for b, e in zip(settings.bindings, endpoints, strict=True)
+        )
+        self._sockets_needed = connections + _OWN_DESCRIPTORS
+        self.engine = Engine(max_connections=connections)
         try:
             self._build(settings, endpoints)
         except BaseException:
@@ -154,6 +162,7 @@ class Service:
         # futures); every 10,000 allocations instead of 700 is 3% fewer
         # instructions per delivery for about a megabyte of garbage at most.
         gc.set_threshold(10_000, 50, 50)
+        _allow_open_files(self._sockets_needed)
         self.ops.start()
         self.engine.start()
         if self.publisher is not None:
@@ -193,6 +202,28 @@ class Service:
         gc.unfreeze()  # an embedding process (a test run) goes on collecting as before
         gc.set_threshold(*self._gc_threshold)
         log.info("shutdown complete", clean=idle)
+
+
+# Broker connections, the ops listener, logs, pipes, the loop's poller: with room.
+_OWN_DESCRIPTORS = 64
+
+
+def _allow_open_files(needed: int) -> None:
+    """Raise the soft limit on open files to the hard one (as Go's runtime does for
+    every program): thousands of deliveries in flight each hold a socket, and the
+    usual soft default of 1,024 would turn into failed attempts. Say so if even
+    the hard limit is below what the configured parallelism may need."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "open-file limit below what parallelism may need; raise it (ulimit -n)",
+            limit=soft,
+            needed=needed,
+        )
 
 
 @dataclass(frozen=True, slots=True)
