@@ -1,6 +1,6 @@
 """A cheap asyncio HTTP subscriber for benchmarks: answers 202, optionally after a delay.
 
-    python tests/bench/fast_subscriber.py [PORT] [--delay SECONDS] [--log PATH]
+    python tests/bench/fast_subscriber.py [PORT] [--delay SECONDS] [--status N] [--log PATH]
 
 Prints its port on stdout. It must not be the bottleneck it is measuring
 against, so it is a bare ``asyncio.Protocol``: no coroutine, no StreamReader,
@@ -8,7 +8,8 @@ three regular expressions per request head, keep-alive with Content-Length
 bodies. Each POST is answered ``--delay`` seconds after its head arrived (a
 ``call_later``; W3's slow subscriber) and, with ``--log``, recorded as one line
 ``<arrival epoch> <ce-id> <ce-benchpublished or ->`` through a buffer flushed
-every 50 ms. ``GET /stats`` returns ``received duplicates``.
+every 50 ms. ``--status 400`` answers every POST with that status instead (W7's
+dead-letter storm). ``GET /stats`` returns ``received duplicates``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import signal
 import time
 from typing import IO
 
-RESPONSE = b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n"
+
+def response(status: int) -> bytes:
+    return b"HTTP/1.1 %d X\r\ncontent-length: 0\r\n\r\n" % status
+
+
 FLUSH_EVERY = 0.05
 LENGTH = re.compile(rb"^content-length:[ \t]*(\d+)", re.I | re.M)
 EVENT_ID = re.compile(rb"^ce-id:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
@@ -48,9 +53,10 @@ class Stats:
 
 
 class Subscriber(asyncio.Protocol):
-    def __init__(self, stats: Stats, delay: float) -> None:
+    def __init__(self, stats: Stats, delay: float, answer: bytes) -> None:
         self.stats = stats
         self.delay = delay
+        self.answer = answer
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
@@ -78,9 +84,9 @@ class Subscriber(asyncio.Protocol):
             return
         self.stats.record(arrived, head)
         if self.delay:
-            self.loop.call_later(self.delay, self.send, RESPONSE)
+            self.loop.call_later(self.delay, self.send, self.answer)
         else:
-            self.send(RESPONSE)
+            self.send(self.answer)
 
     def send(self, response: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -92,11 +98,13 @@ def flush_periodically(loop: asyncio.AbstractEventLoop, log: IO[str]) -> None:
     loop.call_later(FLUSH_EVERY, flush_periodically, loop, log)
 
 
-async def main(port: int, delay: float, log: IO[str] | None) -> None:
+async def main(port: int, delay: float, status: int, log: IO[str] | None) -> None:
     stats = Stats(log)
     loop = asyncio.get_running_loop()
+    answer = response(status)
+    # W6 opens 2,000 connections at once: a short backlog would drop SYNs (1 s retries).
     server = await loop.create_server(
-        lambda: Subscriber(stats, delay), "127.0.0.1", port, backlog=1024
+        lambda: Subscriber(stats, delay, answer), "127.0.0.1", port, backlog=4096
     )
     print(server.sockets[0].getsockname()[1], flush=True)
     if log is not None:
@@ -113,12 +121,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("port", type=int, nargs="?", default=0)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--status", type=int, default=202)
     parser.add_argument("--log")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, interrupt)
     log_file = open(args.log, "a", buffering=1 << 16) if args.log else None  # noqa: SIM115
     try:
-        asyncio.run(main(args.port, args.delay, log_file))
+        asyncio.run(main(args.port, args.delay, args.status, log_file))
     except KeyboardInterrupt:
         pass
     finally:

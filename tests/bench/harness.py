@@ -8,7 +8,7 @@ every exit path.
 
 CPU is utime+stime (plus the children's cutime+cstime) from
 ``/proc/<pid>/stat``, summed over a process tree; memory is VmRSS or VmHWM
-from ``/proc/<pid>/status``, summed over the tree.
+and threads are ``Threads`` from ``/proc/<pid>/status``, summed over the tree.
 """
 
 from __future__ import annotations
@@ -151,6 +151,17 @@ def tree_cpu(roots: Iterable[int]) -> float:
     for pid in tree(roots):
         with contextlib.suppress(OSError):
             total += _cpu(pid)
+    return total
+
+
+def tree_threads(roots: Iterable[int]) -> int:
+    """Threads of every process in the tree, now."""
+    total = 0
+    for pid in tree(roots):
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("Threads:"):
+                    total += int(line.split()[1])
     return total
 
 

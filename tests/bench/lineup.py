@@ -7,10 +7,10 @@ consumers and ceilings are the scripts in ``tests/bench/contenders/``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import yaml
 
@@ -30,6 +30,7 @@ class Launch:
     workdir: Path
     ids_file: Path
     receipt_log: Path
+    binding: Mapping[str, Any] = field(default_factory=dict)  # extra dispatcher settings
 
 
 def dispatcher_config(launch: Launch, index: int) -> Path:
@@ -39,6 +40,7 @@ def dispatcher_config(launch: Launch, index: int) -> Path:
         "subscriber": launch.subscriber,
         "parallelism": launch.parallelism,
         "delivery": {"retry": 5, "timeout": "10s"},
+        **launch.binding,
     }
     config = {"broker": {"url": URL}, "http": {"listen": "127.0.0.1:0"}, "bindings": [binding]}
     path = launch.workdir / f"dispatcher-{index}.yaml"

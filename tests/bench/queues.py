@@ -51,6 +51,19 @@ def declare(queue: str) -> None:
         connection.close()
 
 
+def declare_fanout(name: str) -> None:
+    """A fanout exchange with a durable queue of the same name bound to it (W7's
+    dead letters); ``delete(name)`` removes both."""
+    _DECLARED.add(name)
+    connection, channel = _channel()
+    try:
+        channel.exchange_declare(name, "fanout", durable=True)
+        channel.queue_declare(name, durable=True)
+        channel.queue_bind(name, name)
+    finally:
+        connection.close()
+
+
 def counts(queue: str) -> tuple[int, int]:
     """(ready messages, consumers) of a queue."""
     connection, channel = _channel()
@@ -70,10 +83,12 @@ def wait_for_consumers(queue: str, consumers: int, timeout: float = 30.0) -> Non
 
 
 def delete(queue: str) -> None:
+    """The queue, and the exchange of the same name if ``declare_fanout`` made one."""
     with contextlib.suppress(pika.exceptions.AMQPError):
         connection, channel = _channel()
         try:
             channel.queue_delete(queue)
+            channel.exchange_delete(queue)  # none of that name: a no-op (3.10 says ok)
         finally:
             connection.close()
     _DECLARED.discard(queue)

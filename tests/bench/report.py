@@ -7,6 +7,7 @@ there was more than one; duplicates, missing and left-in-queue are totals.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import platform
 import statistics
@@ -96,11 +97,16 @@ def columns(workload: Workload) -> list[Column]:
             ("p99 ms", lambda rs: stat([r.latency(0.99) for r in rs], ".1f")),
         ],
         "W3": [("% of ideal", lambda rs: stat([r.msg_s / ideal * 100 for r in rs], ".1f"))],
+        "W6": [("% of ideal", lambda rs: stat([r.msg_s / ideal * 100 for r in rs], ".1f"))],
+        "W7": [("in dead-letter queue", _total(lambda r: r.dead_lettered))],
     }
     cpu: list[Column] = [("CPU s / 1k events", lambda rs: stat([r.cpu_per_1k for r in rs], ".3f"))]
     if workload.key == "W1":
         cpu.append(("events / CPU s", lambda rs: stat([r.events_per_cpu_s for r in rs], ",.0f")))
-    memory: list[Column] = [("peak RSS MB", lambda rs: stat([r.peak_mb for r in rs], ".0f"))]
+    memory: list[Column] = [
+        ("peak RSS MB", lambda rs: stat([r.peak_mb for r in rs], ".0f")),
+        ("threads", lambda rs: stat([r.threads for r in rs], ".0f")),
+    ]
     if workload.key == "W4":
         memory += [("RSS MB at 25/50/75/100%", _rss_marks), ("flat after 50%", _flat)]
     checks: list[Column] = [
@@ -145,3 +151,51 @@ def table(workload: Workload, results: dict[str, list[Result]]) -> str:
     if workload.key == "W5":
         text += _w5_summary(results)
     return text
+
+
+# ----------------------------------------------------------------- issue 11's targets
+
+Results = dict[str, dict[str, list[Result]]]  # workload -> contender label -> runs
+
+
+def _median(results: Results, workload: str, label: str, pick: Callable[[Result], float]) -> float:
+    runs = results.get(workload, {}).get(label) or []
+    return statistics.median(pick(r) for r in runs) if runs else float("nan")
+
+
+def targets(results: Results) -> str:
+    """Issue 11's targets against this run's figures (ratios within this one run).
+    W3's and W6's ideal is 1,000 msg/s (parallelism / subscriber delay)."""
+    d, b = "dispatcher run", "(b) aio-pika + aiohttp, tasks"
+
+    def of(workload: str, pick: Callable[[Result], float], label: str = d) -> float:
+        return _median(results, workload, label, pick)
+
+    rows = [
+        ("W1 msg/s vs (b)", ">= 2.0x", of("W1", _rate) / of("W1", _rate, b), 2.0, 1),
+        ("W1 CPU s / 1k events", "<= 0.12", of("W1", lambda r: r.cpu_per_1k), 0.12, -1),
+        ("W2 p99 ms at 1,000 msg/s", "<= 3", of("W2", lambda r: r.latency(0.99)), 3.0, -1),
+        ("W3 % of ideal", ">= 97", of("W3", lambda r: r.msg_s / 10), 97.0, 1),
+        ("W6 % of ideal", ">= 95", of("W6", lambda r: r.msg_s / 10), 95.0, 1),
+        ("W6 threads", "<= 20", of("W6", lambda r: r.threads), 20, -1),
+        ("W6 peak RSS MB", "<= 150", of("W6", lambda r: r.peak_mb), 150, -1),
+        ("W7 dead letters / s", ">= 3,000", of("W7", _rate), 3000, 1),
+    ]
+    lines = [
+        "### Targets (issue 11), this run",
+        "",
+        "| target | wanted | measured | met |",
+        "|---|---|---|---|",
+    ]
+    for name, wanted, value, bound, sign in rows:
+        if math.isnan(value):
+            lines.append(f"| {name} | {wanted} | not run | |")
+            continue
+        met = value >= bound if sign > 0 else value <= bound
+        shown = f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+        lines.append(f"| {name} | {wanted} | {shown} | {'yes' if met else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _rate(result: Result) -> float:
+    return result.msg_s

@@ -1,4 +1,4 @@
-"""`make bench` (service side): `dispatcher run` against reference consumers, W1-W5 of issue 7.
+"""`make bench` (service side): `dispatcher run` against reference consumers, W1-W7.
 
 Method. Every contender is a process of its own, started fresh for every run
 against a fresh queue and a fresh subscriber on this machine (whose CPUs the
@@ -63,7 +63,7 @@ OUT = ROOT / ".bench"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="W1,W2,W3,W4,W5", help="comma-separated")
+    parser.add_argument("--workloads", default="W1,W2,W3,W4,W5,W6,W7", help="comma-separated")
     parser.add_argument("--contenders", default=",".join(KEYS), help=f"from {','.join(KEYS)}")
     parser.add_argument("--repeat", type=int, help="runs per contender (default: W1/W5 3, else 1)")
     parser.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
@@ -96,11 +96,16 @@ def say(line: str) -> None:
 def run_suite(workloads: list[Workload], sections: list[str]) -> None:
     work = OUT / "work"
     shutil.rmtree(work, ignore_errors=True)
+    everything: report.Results = {}
     for workload in workloads:
         results = run_workload(workload, work, say)
+        everything[workload.key] = results
         section = report.table(workload, results)
         sections.append(section)
         print(section, flush=True)
+    summary = report.targets(everything)
+    sections.append(summary)
+    print(summary, flush=True)
 
 
 def lock_or_exit() -> IO[str]:

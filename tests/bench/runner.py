@@ -34,6 +34,7 @@ from tests.bench.harness import (
     tail,
     tree_cpu,
     tree_memory,
+    tree_threads,
 )
 from tests.bench.lineup import Contender, Launch
 from tests.bench.sinks import Receipt, ReceiptLog, Sink, start_asyncio, start_nginx
@@ -56,6 +57,8 @@ class Plan:
     delay: float = 0.0  # subscriber delay per request (s)
     rate: float | None = None  # steady publishing (msg/s); None: pre-loaded backlog
     allow_duplicates: bool = False  # count them instead of failing the run
+    status: int = 202  # what the asyncio subscriber answers
+    dead_letter: bool = False  # a dead-letter exchange and queue; every event must land there
 
 
 @dataclass(slots=True)
@@ -65,6 +68,7 @@ class Observed:
     cpu_first: float = 0.0
     cpu_last: float = 0.0
     peak_mb: float = 0.0
+    peak_threads: int = 0
     rss_samples: list[tuple[float, int, float]] = field(default_factory=list)  # (s, events, MB)
 
 
@@ -80,6 +84,8 @@ class Result:
     left: int | None
     latencies_ms: list[float] | None = None
     rss_by_progress: tuple[float, ...] = ()
+    threads: int = 0  # peak, sampled every 0.5 s
+    dead_lettered: int | None = None  # messages found in the dead-letter queue
 
     @property
     def events_per_cpu_s(self) -> float:
@@ -96,7 +102,10 @@ def run_once(plan: Plan, workdir: Path) -> Result:
     workdir.mkdir(parents=True, exist_ok=True)
     tag = f"bench-{plan.workload.lower()}-{uuid.uuid4().hex[:8]}"
     ids = payload.event_ids(tag, plan.events)
-    sink = start_asyncio(workdir, plan.delay) if plan.sink == "asyncio" else start_nginx(workdir)
+    if plan.sink == "asyncio":
+        sink = start_asyncio(workdir, plan.delay, plan.status)
+    else:
+        sink = start_nginx(workdir)
     try:
         return _run_with_sink(plan, workdir, tag, ids, sink)
     finally:
@@ -106,25 +115,37 @@ def run_once(plan: Plan, workdir: Path) -> Result:
 def _run_with_sink(plan: Plan, workdir: Path, tag: str, ids: list[str], sink: Sink) -> Result:
     contender = plan.contender
     queue = tag if contender.consumes else ""
+    dead_letters = f"{tag}-dlq" if plan.dead_letter else None
+    extra = {"dead_letter": {"exchange": dead_letters}} if dead_letters else {}
     launch = Launch(
-        queue, sink.url, plan.parallelism, workdir, workdir / "ids.txt", workdir / "self.log"
+        queue, sink.url, plan.parallelism, workdir, workdir / "ids.txt", workdir / "self.log", extra
     )
     launch.ids_file.write_text("\n".join(ids) + "\n")
     log = ReceiptLog(launch.receipt_log) if contender.self_logging else sink.log
-    left = None
+    left = dead_lettered = None
     if queue:
         queues.declare(queue)
+    if dead_letters:
+        queues.declare_fanout(dead_letters)
     try:
         if queue and plan.rate is None:
             queues.preload(queue, ids)
         observed = _run_contender(plan, launch, log)
         if queue:
             left = queues.counts(queue)[0]
+        if dead_letters:
+            dead_lettered = queues.counts(dead_letters)[0]
     finally:
         if queue:
             queues.delete(queue)
+        if dead_letters:
+            queues.delete(dead_letters)
     time.sleep(0.2)  # the asyncio subscriber flushes its log every 50 ms
-    return _evaluate(plan, ids, log.receipts(), observed, left)
+    result = _evaluate(plan, ids, log.receipts(), observed, left)
+    if dead_letters and dead_lettered != len(ids):
+        raise BenchError(f"{plan.workload}: {dead_lettered} of {len(ids)} dead letters arrived")
+    result.dead_lettered = dead_lettered
+    return result
 
 
 def _run_contender(plan: Plan, launch: Launch, log: ReceiptLog) -> Observed:
@@ -192,6 +213,7 @@ def _watch(
             seen, progress_at = arrived, now
         if now >= next_sample:
             observed.rss_samples.append((now - started, seen, tree_memory(roots)))
+            observed.peak_threads = max(observed.peak_threads, tree_threads(roots))
             next_sample = now + RSS_EVERY
         if seen >= plan.events:
             break
@@ -260,4 +282,5 @@ def _evaluate(
         left=left,
         latencies_ms=latencies,
         rss_by_progress=_rss_by_progress(seen.rss_samples, len(ids)),
+        threads=max(seen.peak_threads, 1),
     )

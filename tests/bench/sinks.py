@@ -145,10 +145,11 @@ def start_nginx(workdir: Path) -> Sink:
     return Sink("nginx", f"http://127.0.0.1:{port}/", ReceiptLog(log), 0.0, proc, output)
 
 
-def start_asyncio(workdir: Path, delay: float) -> Sink:
+def start_asyncio(workdir: Path, delay: float, status: int = 202) -> Sink:
     port, log, output = free_port(), workdir / "receipts.log", workdir / "subscriber.out"
     script = ROOT / "tests/bench/fast_subscriber.py"
     argv = [PYTHON, str(script), str(port), "--delay", str(delay), "--log", str(log)]
+    argv += ["--status", str(status)]
     proc = CHILDREN.spawn(argv, output)
     _wait_listening(proc, port, output)
     return Sink("asyncio", f"http://127.0.0.1:{port}/", ReceiptLog(log), delay, proc, output)

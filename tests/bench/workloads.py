@@ -1,4 +1,4 @@
-"""W1-W5 of issue 7: what each runs, against whom, how often.
+"""W1-W7 (issues 7 and 11): what each runs, against whom, how often.
 
 | | events | parallelism | subscriber | contenders |
 |---|---|---|---|---|
@@ -7,6 +7,8 @@
 | W3 | 5k pre-loaded ((a): 200) | 100 | asyncio, 202 after 100 ms | consumers + HTTP ceilings |
 | W4 | 200k pre-loaded ((a): 20k) | 100 | nginx | dispatcher, (b), (a) |
 | W5 | 20k pre-loaded | 50 per process | nginx | dispatcher x1 vs x2 |
+| W6 | 20k pre-loaded | 2,000 | asyncio, 202 after 2 s | dispatcher, (b) |
+| W7 | 20k pre-loaded | 50 | asyncio, 400 at once | dispatcher (dead-letter exchange) |
 
 Repetitions are interleaved: run 1 of every contender, then run 2, and so on.
 """
@@ -43,6 +45,8 @@ class Workload:
     rate: float | None = None
     fewer_events: Mapping[str, int] = field(default_factory=dict)  # contender key -> events
     allow_duplicates: bool = False
+    status: int = 202  # the asyncio subscriber's answer
+    dead_letter: bool = False  # the dispatcher dead-letters to an exchange; all must land
     note: str = ""  # printed under the table
 
     @property
@@ -59,6 +63,8 @@ class Workload:
             delay=self.delay,
             rate=self.rate,
             allow_duplicates=self.allow_duplicates,
+            status=self.status,
+            dead_letter=self.dead_letter,
         )
 
     def select(self, keys: set[str], repeat: int | None) -> Workload:
@@ -67,7 +73,7 @@ class Workload:
 
 
 def catalogue(quick: bool) -> dict[str, Workload]:
-    """The five workloads; ``quick`` shrinks every size for a smoke run."""
+    """The seven workloads; ``quick`` shrinks every size for a smoke run."""
 
     def size(full: int, smoke: int) -> int:
         return smoke if quick else full
@@ -145,7 +151,34 @@ def catalogue(quick: bool) -> dict[str, Workload]:
         allow_duplicates=True,
         note="Parallelism 50 per process; here duplicates are counted, not fatal.",
     )
-    return {w.key: w for w in (w1, w2, w3, w4, w5)}
+    w6 = Workload(
+        "W6",
+        "many slow deliveries (asyncio, 202 after 2 s), events pre-loaded; ideal 1,000 msg/s",
+        (DISPATCHER, AIOPIKA_AIOHTTP),
+        events=size(20_000, 4_000),
+        parallelism=2000,
+        sink="asyncio",
+        repeat=1,
+        delay=2.0,
+        note="2,000 deliveries in flight at a time. Threads: the contender's peak, sampled "
+        "every 0.5 s. msg/s includes the last event's 2 s.",
+    )
+    w7 = Workload(
+        "W7",
+        "dead-letter storm: the subscriber answers 400 to everything, "
+        "`dead_letter.exchange` set; events pre-loaded",
+        (DISPATCHER,),
+        events=size(20_000, 2_000),
+        parallelism=50,
+        sink="asyncio",
+        repeat=size(3, 1),
+        status=400,
+        dead_letter=True,
+        note="msg/s here is dead letters per second: each event is refused once (400 is not "
+        "retried), published to the dead-letter exchange and acked after its confirm; every "
+        "one must be in the dead-letter queue and none left in the source queue.",
+    )
+    return {w.key: w for w in (w1, w2, w3, w4, w5, w6, w7)}
 
 
 def run_workload(
