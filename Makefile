@@ -70,14 +70,16 @@ test-unit: $(VENV)/.installed
 test-faults: $(VENV)/.installed
 	$(PY) -m pytest -m fault $(PYTEST_ARGS)
 
-# The benchmarks' own dependencies (aio-pika, aiohttp): only `make bench` installs them.
+# The benchmarks' own dependencies (aio-pika, aiohttp, httpx, uvloop): only `make bench` installs them.
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,pipeline,bench]'
 	touch $@
 
-# The service suite (W1-W5, tests/bench/run.py), then the batch side.
+# The service suite (W1-W7, tests/bench/run.py), what one HTTP request costs in
+# each engine (the README's "Why libcurl"), then the batch side.
 bench: $(VENV)/.bench-installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
+	$(PY) tests/bench/http_engines.py
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
 
 # The batch side alone: report over 1M log lines, replay of 100k events.
