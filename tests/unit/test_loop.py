@@ -170,3 +170,18 @@ def test_a_wait_returns_the_awaited_value_or_none_on_timeout(loop):
         return await waits.wait(answered, 5), await waits.wait(silent, 0.02)
 
     assert loop.run_until_complete(main()) == ("yes", None)
+
+
+def test_iteration_end_hooks_run_during_a_long_iteration_and_at_its_end(loop):
+    ran: list[int] = []
+    seen: list[int] = []
+    loop.at_iteration_end(lambda: seen.append(len(ran)))
+
+    async def main() -> None:
+        for n in range(100):
+            loop.call_soon(ran.append, n)
+        await loop.sleep(0)
+
+    loop.run_until_complete(main())
+    # The 100 callbacks ran in one pass: hooks after 32, 64 and 96 of them, and at the end.
+    assert seen[:4] == [32, 64, 96, 100]
