@@ -415,7 +415,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "parallelism-too-high",
-        {"config": {"bindings": [{**BINDING, "parallelism": 1001}]}},
+        {"config": {"bindings": [{**BINDING, "parallelism": 65536}]}},
         ["config.bindings.0.parallelism"],
     ),
     ("no-bindings", {"config": {"bindings": []}}, ["config.bindings"]),
