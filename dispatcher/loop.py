@@ -7,11 +7,12 @@ here blocks, and no delivery holds a thread.
 
 Why our own loop and not asyncio: the loop is the hot path of every delivery.
 Driving libcurl's multi interface with 50 POSTs in flight to a local nginx
-(2 shared CPUs, median of 3) cost 28 us of CPU per request with a coroutine
-per request on this loop, 51 us on asyncio and 41 us on uvloop; asyncio's
-selector, handle and task machinery is the difference. The loop is small on
-purpose: file descriptors (epoll, else poll), timers (a heap), a ready queue,
-and one thread-safe inbox.
+(``tests/bench/http_engines.py``, 2 shared CPUs, median of 3) costs 24 us of
+CPU per request with a coroutine per request on this loop and 56 us on
+asyncio (as tornado's curl client drives it); asyncio's selector, handle and
+task machinery is the difference. The loop is small on purpose: file
+descriptors (epoll, else poll), timers (a heap), a ready queue, and one
+thread-safe inbox.
 
 Threads other than the loop's own talk to it only through
 ``call_soon_threadsafe``: items are queued and the loop is woken through a

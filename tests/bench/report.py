@@ -98,7 +98,9 @@ def columns(workload: Workload) -> list[Column]:
         ],
         "W3": [("% of ideal", lambda rs: stat([r.msg_s / ideal * 100 for r in rs], ".1f"))],
         "W6": [("% of ideal", lambda rs: stat([r.msg_s / ideal * 100 for r in rs], ".1f"))],
-        "W7": [("in dead-letter queue", _total(lambda r: r.dead_lettered))],
+        "W7": [
+            ("in dead-letter queue", lambda rs: stat([r.dead_lettered or 0 for r in rs], ",.0f"))
+        ],
     }
     cpu: list[Column] = [("CPU s / 1k events", lambda rs: stat([r.cpu_per_1k for r in rs], ".3f"))]
     if workload.key == "W1":
@@ -192,7 +194,9 @@ def targets(results: Results) -> str:
             lines.append(f"| {name} | {wanted} | not run | |")
             continue
         met = value >= bound if sign > 0 else value <= bound
-        shown = f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+        shown = (
+            f"{value:,.3f}" if value < 1 else f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+        )
         lines.append(f"| {name} | {wanted} | {shown} | {'yes' if met else '**no**'} |")
     return "\n".join(lines) + "\n"
 
