@@ -7,12 +7,14 @@ where they enter the package, and nowhere else::
     ├── ConfigError            bad configuration; names the key; exit code 2
     ├── EventError             a message that cannot become a valid CloudEvent
     │   └── NotACloudEvent     no specversion at all (wrap it or dead-letter it)
-    ├── PublishError           a publish was not confirmed (nack, unroutable, timeout, closed)
     └── BatchInputError        a batch command cannot start: missing input, no PySpark,
                                an exchange or queue that does not exist; exit code 2
 
 Losing the consuming connection or a channel is not an exception anywhere: the
-supervisor turns pika's close notifications into reconnect reasons.
+supervisor turns pika's close notifications into reconnect reasons. Nor is a
+failed HTTP attempt or an unconfirmed publish: on the engine's loop they are
+values (``Response.status == -1`` with ``error``; the publish future's reason),
+which the delivery code inspects.
 """
 
 from __future__ import annotations
@@ -41,10 +43,6 @@ class EventError(DispatcherError):
 
 class NotACloudEvent(EventError):
     """The message carries no CloudEvents ``specversion`` in any accepted form."""
-
-
-class PublishError(DispatcherError):
-    """A message was not accepted by the broker (nacked, unroutable, timed out, connection lost)."""
 
 
 class BatchInputError(DispatcherError):

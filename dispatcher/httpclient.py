@@ -332,10 +332,6 @@ class HttpClient:
         self._next_multi = (self._next_multi + 1) % len(self._multis)
         return _Transfer(endpoint, multi, self._idle.setdefault(endpoint, []))
 
-    @property
-    def in_flight(self) -> int:
-        return sum(len(multi.busy) for multi in self._multis)
-
     def close(self) -> None:
         """Drop every transfer and connection (the loop is stopping)."""
         self._closed = True

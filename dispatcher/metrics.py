@@ -73,7 +73,7 @@ class Metrics:
         )
         self.inflight = Gauge(
             "dispatcher_inflight",
-            "Messages being handled by a worker.",
+            "Deliveries in flight in the engine (read when scraped).",
             ["binding"],
             registry=r,
         )
