@@ -269,8 +269,10 @@ class Loop:
         known = self._watched.get(fd)
         if known is None:
             self._poller.register(fd, mask)
-        elif known[0] != mask and not self._poller.modify(fd, mask):
-            self._poller.register(fd, mask)  # closed and its number reused meanwhile
+        elif (known[0] != mask or fd in self._dormant) and not self._poller.modify(fd, mask):
+            # A resting socket may have been closed (epoll forgets it then) and its
+            # number given to a new one: re-arm it always, register it if need be.
+            self._poller.register(fd, mask)
         self._watched[fd] = (mask, callback)
         self._dormant.discard(fd)
 
@@ -281,10 +283,10 @@ class Loop:
 
     def rest(self, fd: int) -> None:
         """``fd`` needs no watching for now, but probably will again soon (a keep-alive
-        connection between two requests). A read-only watch stays registered, with no
-        syscall now nor when the same watch comes back; an event meanwhile (the peer
-        closed it) unregisters it. Anything else is unwatched at once: an idle socket
-        is always writable."""
+        connection between two requests). A read-only watch stays registered: no
+        syscall now, one (a modify) when it is watched again, instead of an unregister
+        and a register; an event meanwhile (the peer closed it) unregisters it.
+        Anything else is unwatched at once: an idle socket is always writable."""
         known = self._watched.get(fd)
         if known is None:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import TypeVar
@@ -185,3 +186,43 @@ def test_iteration_end_hooks_run_during_a_long_iteration_and_at_its_end(loop):
     loop.run_until_complete(main())
     # The 100 callbacks ran in one pass: hooks after 32, 64 and 96 of them, and at the end.
     assert seen[:4] == [32, 64, 96, 100]
+
+
+def test_a_resting_socket_closed_and_its_number_reused_is_watched_again(loop):
+    """A socket left registered between requests (``rest``) may be closed by its owner;
+    epoll forgets it then. A new socket that gets the same number must be watched,
+    even when it asks for the same readiness the old one had."""
+    import socket
+
+    first, peer = socket.socketpair()
+    number = first.fileno()
+    loop.watch(number, loop_module.READABLE, lambda _fd, _ev: None)
+    loop.rest(number)
+    first.close()
+    peer.close()
+    second, writer = socket.socketpair()
+    third = None
+    if second.fileno() != number:  # make the new socket take the old number
+        third = second
+        os.dup2(third.fileno(), number)
+        second = socket.socket(fileno=number)
+    seen: list[int] = []
+
+    def ready(fd: int, _events: int) -> None:
+        seen.append(fd)
+        loop.unwatch(fd)  # level-triggered: the unread byte would wake it again
+
+    loop.watch(number, loop_module.READABLE, ready)
+    writer.send(b"x")
+
+    async def wait_for_it() -> None:
+        for _ in range(200):
+            if seen:
+                return
+            await awaiting(loop.sleep(0.005))
+
+    loop.run_until_complete(wait_for_it())
+    assert seen == [number]
+    for s in (second, writer, third):
+        if s is not None:
+            s.close()
