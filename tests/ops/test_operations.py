@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support import broker
 from tests.support.broker import event_headers, publish, wait_until
 from tests.support.process import ROOT, DispatcherProcess
+from tests.support.promtool import promtool_binary
 from tests.support.subscriber import Received, Reply
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
@@ -343,12 +343,10 @@ def test_dashboard_and_rules_only_use_exported_metrics(queue, make_subscriber, p
 
 
 def test_alert_rules_pass_promtool():
-    assert shutil.which("promtool"), (
-        "promtool not found: install Debian's prometheus package (.ci/run does)"
-    )
+    promtool = str(promtool_binary())  # on PATH, else fetched once into .cache/
     rules = ROOT / "deploy/prometheus/dispatcher-alerts.yaml"
     check = subprocess.run(
-        ["promtool", "check", "rules", str(rules)],
+        [promtool, "check", "rules", str(rules)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -356,7 +354,7 @@ def test_alert_rules_pass_promtool():
     )
     assert check.returncode == 0, check.stdout + check.stderr
     unit = subprocess.run(
-        ["promtool", "test", "rules", str(ROOT / "tests/ops/alerts_test.yaml")],
+        [promtool, "test", "rules", str(ROOT / "tests/ops/alerts_test.yaml")],
         capture_output=True,
         text=True,
         timeout=60,

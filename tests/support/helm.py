@@ -94,7 +94,7 @@ def _binary(name: str) -> Path:
     if _is_good(path):
         return path
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with _locked(CACHE_DIR.parent / f"{HELM_VERSION}.lock"):
+    with locked(CACHE_DIR.parent / f"{HELM_VERSION}.lock"):
         # Another process may have fetched it while we waited for the lock.
         if not _is_good(path):
             _fetch()
@@ -108,7 +108,7 @@ def _is_good(path: Path) -> bool:
 
 
 @contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
+def locked(lock_path: Path) -> Iterator[None]:
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
