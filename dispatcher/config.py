@@ -699,20 +699,42 @@ def _split_listen(listen: str) -> tuple[str, int]:
 # URLs
 # --------------------------------------------------------------------------
 
-# scheme://user:password@ ... ; the password runs to the last "@" before the
-# first "/", so an unencoded "?", "#" or "@" in it is still hidden.
-_USERINFO_PASSWORD: Final = re.compile(
-    r"(?P<prefix>\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^/\s]*@"
-)
+# A URL's scheme, "amqp://" or "rediss://": redaction works for any of them.
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any userinfo password replaced by ``***`` (the user name is kept)."""
-    return _redact_text(url)
+    """``url`` with any userinfo password replaced by ``***`` (the user name is kept).
+
+    People paste passwords without percent-encoding them, so a password may
+    hold ``/``, ``?``, ``#``, ``@``, ``%``, spaces, even ``://``: RFC 3986's
+    reading (the authority ends at the first ``/``) would show half of
+    ``pa/ss``. So the password here is everything from the first ``:`` after
+    ``scheme://`` to the *last* ``@`` of the whole string. A URL with no
+    password but a ``:`` then an ``@`` later (``http://h:8080/a@b``) reads as
+    one and gets masked: hiding too much is the safe mistake. Without a
+    ``scheme://`` (``user:pw@host``, ``//user:pw@host``, a user's typo) the
+    same rule applies from the start of the string, but for ``mailto:``.
+    """
+    scheme = _SCHEME.search(url)
+    start = scheme.end() if scheme is not None else 0
+    if scheme is None and url[:7].lower() == "mailto:":
+        return url  # "mailto:a@b" holds an address, not user:password
+    at = url.rfind("@", start)
+    colon = url.find(":", start, at)
+    if at < 0 or colon < 0:
+        return url  # no "@", or a user name alone: nothing secret
+    return f"{url[: colon + 1]}***{url[at:]}"
 
 
 def _redact_text(text: str) -> str:
-    return _USERINFO_PASSWORD.sub(r"\g<prefix>:***@", text)
+    """Free text (a YAML parser's message) with any ``scheme://user:pw@`` masked.
+
+    From the first URL on, the text is read as one URL (``redact_url``): a
+    password may hold spaces or ``://``, so no shorter cut is safe. Text
+    without ``://`` is left alone: ``found character '@'`` is no secret.
+    """
+    return redact_url(text) if _SCHEME.search(text) else text
 
 
 def _amqp_url(value: object, key: str) -> str:
@@ -826,7 +848,24 @@ def _url(value: object, key: str, schemes: tuple[str, ...], what: str) -> str:
         raise ConfigError(key, f"must be {what} with a host, got {_show(url)}")
     if not port_ok:
         raise ConfigError(key, f"must be {what} with a port in 1..65535, got {_show(url)}")
+    if _at_after_authority(url):
+        # amqp://user:12/ss@host/ connects to host "user", port 12, while every
+        # redacted rendering shows amqp://user:***@host/: refuse the ambiguity.
+        raise ConfigError(
+            key,
+            f"must be {what} without an '@' after the host (percent-encode '/', '?', '#' "
+            f"and '@' in a password as %2F, %3F, %23, %40), got {_show(url)}",
+        )
     return url
+
+
+def _at_after_authority(url: str) -> bool:
+    """True when ``redact_url`` would mask past the RFC 3986 authority: a ``:``
+    then an ``@`` in the path, query or fragment, read here as a password."""
+    scheme = _SCHEME.search(url)
+    start = scheme.end() if scheme is not None else 0
+    authority_end = min((i for i in map(url.find, "/?#", [start] * 3) if i >= 0), default=len(url))
+    return url.rfind("@") > authority_end and redact_url(url) != url
 
 
 # --------------------------------------------------------------------------
@@ -1008,7 +1047,8 @@ _RENDERERS: Final[Mapping[str, Callable[[Any], object]]] = {
 def _show(value: object) -> str:
     """A value for an error message: strings quoted and redacted, containers by kind."""
     if isinstance(value, str):
-        text = _redact_text(value)
+        # The value may be a URL without its scheme (RABBITMQ_URL=user:pw@host).
+        text = redact_url(value)
         return repr(text if len(text) <= 80 else text[:77] + "...")
     if value is None or isinstance(value, bool):
         return json.dumps(value)  # null / true / false, as the user wrote them in YAML
