@@ -513,7 +513,7 @@ class _Section:
         for name in self._raw:
             if name not in allowed:
                 raise ConfigError(
-                    self.sub(name), f"unknown key (expected one of: {', '.join(allowed)})"
+                    self.sub(_written(name)), f"unknown key (expected one of: {', '.join(allowed)})"
                 )
 
     def sub(self, name: str) -> str:
@@ -541,14 +541,24 @@ class _Section:
         return build(self._raw.get(name), self.sub(name))
 
 
+_PLAIN_KEY: Final = re.compile(r"[^\s.\[\]'\"]+")
+
+
+def _written(name: str) -> str:
+    """An unknown key as the message names it: as written when plain, quoted when
+    it is empty or could read as a path (``a.b``, ``x[0]``) or hide in spaces."""
+    return name if _PLAIN_KEY.fullmatch(name) and name.isprintable() else repr(name)
+
+
 def _mapping(raw: object, key: str) -> Mapping[str, object]:
+    # The top level has no key of its own: its errors name the file ("config").
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise ConfigError(key, f"must be a mapping, got {_show(raw)}")
+        raise ConfigError(key or "config", f"must be a mapping, got {_show(raw)}")
     for name in raw:
         if not isinstance(name, str):
-            raise ConfigError(key, f"keys must be strings, got {_show(name)}")
+            raise ConfigError(key or "config", f"keys must be strings, got {_show(name)}")
     return raw
 
 
