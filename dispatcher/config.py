@@ -23,7 +23,8 @@ import re
 import ssl
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlsplit
 
@@ -340,75 +341,59 @@ def _apply_env_overrides(
 
 
 def _settings(raw: object, key: str) -> Settings:
-    top = _Section(raw, key, Settings)
-    return Settings(
-        broker=top.nested("broker", _broker),
-        http=top.nested("http", _http),
-        shutdown=top.nested("shutdown", _shutdown),
-        logging=top.nested("logging", _logging),
-        bindings=_bindings(top.raw("bindings"), top.sub("bindings")),
-    )
+    return _build(Settings, raw, key)
 
 
 def _broker(raw: object, key: str) -> BrokerSettings:
-    s = _Section(raw, key, BrokerSettings)
-    d = BrokerSettings()
-    return BrokerSettings(
-        url=s.get("url", _amqp_url, d.url),
-        heartbeat=s.get("heartbeat", _heartbeat, d.heartbeat),
-        connection_name=s.get("connection_name", _non_empty_str, d.connection_name),
-        tls=s.nested("tls", _tls),
-        reconnect=s.nested("reconnect", _reconnect),
-        blocked_timeout=s.get("blocked_timeout", _positive_duration, d.blocked_timeout),
-    )
+    return _build(BrokerSettings, raw, key)
 
 
-def _reconnect(raw: object, key: str) -> ReconnectSettings:
-    s = _Section(raw, key, ReconnectSettings)
-    d = ReconnectSettings()
-    # Exponential backoff from 0 stays at 0: a tight reconnect loop.
-    initial = s.get("initial_delay", _positive_duration, d.initial_delay)
-    maximum = s.get("max_delay", parse_duration, d.max_delay)
-    if maximum < initial:
+def _build(shape: type[T], raw: object, key: str) -> T:
+    """A section: each field read by its rule in ``_RULES``, then the checks that
+    span fields (``_CHECKS``). Fields are read in declaration order, so the first
+    bad key in the file's own order is the one reported."""
+    assert is_dataclass(shape)
+    s = _Section(raw, key, shape)
+    rules = _RULES[shape]
+    values = {f.name: rules[f.name].read(s, f) for f in fields(shape)}
+    built = shape(**values)
+    check = _CHECKS.get(shape)
+    if check is not None:
+        check(built, s)
+    return built
+
+
+def _check_reconnect(reconnect: Any, s: _Section) -> None:
+    if reconnect.max_delay < reconnect.initial_delay:
         raise ConfigError(s.sub("max_delay"), "must be >= initial_delay")
-    return ReconnectSettings(initial_delay=initial, max_delay=maximum)
 
 
-def _tls(raw: object, key: str) -> TlsSettings:
-    s = _Section(raw, key, TlsSettings)
-    tls = TlsSettings(
-        ca_file=s.optional("ca_file", _existing_file),
-        cert_file=s.optional("cert_file", _existing_file),
-        key_file=s.optional("key_file", _existing_file),
-    )
+def _check_tls(tls: Any, s: _Section) -> None:
     if tls.cert_file is not None and tls.key_file is None:
         raise ConfigError(s.sub("key_file"), "required when cert_file is set")
     if tls.key_file is not None and tls.cert_file is None:
         raise ConfigError(s.sub("cert_file"), "required when key_file is set")
-    return tls
 
 
-def _http(raw: object, key: str) -> HttpSettings:
-    s = _Section(raw, key, HttpSettings)
-    return HttpSettings(listen=s.get("listen", _listen, HttpSettings().listen))
+def _check_declare(declare: Any, s: _Section) -> None:
+    # RabbitMQ refuses both; failing here beats a channel error at startup.
+    if declare.type == "quorum" and not declare.durable:
+        raise ConfigError(s.sub("durable"), "quorum queues must be durable")
+    if declare.delivery_limit is not None and declare.type != "quorum":
+        raise ConfigError(s.sub("delivery_limit"), "only valid with type: quorum")
 
 
-def _shutdown(raw: object, key: str) -> ShutdownSettings:
-    s = _Section(raw, key, ShutdownSettings)
-    return ShutdownSettings(grace=s.get("grace", parse_duration, ShutdownSettings().grace))
+def _check_delivery(delivery: Any, s: _Section) -> None:
+    if delivery.backoff_max < delivery.backoff_delay:
+        raise ConfigError(s.sub("backoff_max"), "must be >= backoff_delay")
+
+
+def _check_reply(reply: Any, s: _Section) -> None:
+    if reply.exchange is not None and reply.url is not None:
+        raise ConfigError(s.key, "set either exchange or url, not both")
 
 
 _LOG_LEVEL_ALIASES: Final = {"warn": "warning"}  # what LOG_LEVEL=warn means everywhere else
-
-
-def _logging(raw: object, key: str) -> LoggingSettings:
-    s = _Section(raw, key, LoggingSettings)
-    d = LoggingSettings()
-    levels = _choice("debug", "info", "warning", "error", lower=True, aliases=_LOG_LEVEL_ALIASES)
-    return LoggingSettings(
-        level=s.get("level", levels, d.level),
-        format=s.get("format", _choice("json", "console", lower=True), d.format),
-    )
 
 
 def _bindings(raw: object, key: str) -> tuple[BindingSettings, ...]:
@@ -418,89 +403,13 @@ def _bindings(raw: object, key: str) -> tuple[BindingSettings, ...]:
         raise ConfigError(key, f"must be a list, got {_show(raw)}")
     if not raw:
         raise ConfigError(key, "must list at least one binding")
-    bindings = tuple(_binding(item, f"{key}[{i}]") for i, item in enumerate(raw))
+    bindings = tuple(_build(BindingSettings, item, f"{key}[{i}]") for i, item in enumerate(raw))
     seen: set[str] = set()
     for i, binding in enumerate(bindings):
         if binding.name in seen:
             raise ConfigError(f"{key}[{i}].name", f"duplicate binding name {binding.name!r}")
         seen.add(binding.name)
     return bindings
-
-
-def _binding(raw: object, key: str) -> BindingSettings:
-    s = _Section(raw, key, BindingSettings)
-    d = BindingSettings(name="", queue="", subscriber="")
-    return BindingSettings(
-        name=s.require("name", _binding_name),
-        queue=s.require("queue", _queue_name),
-        subscriber=s.require("subscriber", _http_url),
-        declare=s.optional("declare", _declare),
-        content_mode=s.get("content_mode", _choice("binary", "structured"), d.content_mode),
-        tls=s.nested("tls", _tls),
-        # The prefetch count is an AMQP short (and 0 would mean "unlimited").
-        parallelism=s.get("parallelism", _int_between(1, 65535), d.parallelism),
-        ordered=s.get("ordered", _bool, d.ordered),
-        delivery=s.nested("delivery", _delivery),
-        dedupe_window=s.get("dedupe_window", parse_duration, d.dedupe_window),
-        dead_letter=s.nested("dead_letter", _dead_letter),
-        reply=s.nested("reply", _reply),
-        non_cloudevent=s.get("non_cloudevent", _choice("wrap", "dead_letter"), d.non_cloudevent),
-        max_body_size=s.get("max_body_size", _size, d.max_body_size),
-    )
-
-
-def _declare(raw: object, key: str) -> DeclareSettings:
-    s = _Section(raw, key, DeclareSettings)
-    d = DeclareSettings()
-    declare = DeclareSettings(
-        durable=s.get("durable", _bool, d.durable),
-        type=s.get("type", _choice("classic", "quorum"), d.type),
-        dead_letter_exchange=s.optional("dead_letter_exchange", _str),
-        delivery_limit=s.optional("delivery_limit", _int_at_least(1)),
-    )
-    # RabbitMQ refuses both; failing here beats a channel error at startup.
-    if declare.type == "quorum" and not declare.durable:
-        raise ConfigError(s.sub("durable"), "quorum queues must be durable")
-    if declare.delivery_limit is not None and declare.type != "quorum":
-        raise ConfigError(s.sub("delivery_limit"), "only valid with type: quorum")
-    return declare
-
-
-def _delivery(raw: object, key: str) -> DeliverySettings:
-    s = _Section(raw, key, DeliverySettings)
-    d = DeliverySettings()
-    delivery = DeliverySettings(
-        retry=s.get("retry", _int_at_least(0), d.retry),
-        backoff_policy=s.get("backoff_policy", _choice("exponential", "linear"), d.backoff_policy),
-        # 0 would requeue a refused message straight back, in a hot loop.
-        backoff_delay=s.get("backoff_delay", _positive_duration, d.backoff_delay),
-        backoff_max=s.get("backoff_max", parse_duration, d.backoff_max),
-        timeout=s.get("timeout", _positive_duration, d.timeout),
-    )
-    if delivery.backoff_max < delivery.backoff_delay:
-        raise ConfigError(s.sub("backoff_max"), "must be >= backoff_delay")
-    return delivery
-
-
-def _dead_letter(raw: object, key: str) -> DeadLetterSettings:
-    s = _Section(raw, key, DeadLetterSettings)
-    return DeadLetterSettings(
-        sink=s.optional("sink", _http_url),
-        exchange=s.optional("exchange", _str),
-        routing_key=s.get("routing_key", _str, DeadLetterSettings().routing_key),
-    )
-
-
-def _reply(raw: object, key: str) -> ReplySettings:
-    s = _Section(raw, key, ReplySettings)
-    reply = ReplySettings(
-        exchange=s.optional("exchange", _str),
-        routing_key=s.get("routing_key", _str, ReplySettings().routing_key),
-        url=s.optional("url", _http_url),
-    )
-    if reply.exchange is not None and reply.url is not None:
-        raise ConfigError(key, "set either exchange or url, not both")
-    return reply
 
 
 class _Section:
@@ -968,6 +877,235 @@ def _iso_seconds(text: str) -> float | None:
     if not parts or ("T" in text and not time_given):
         return None
     return sum(float(number.replace(",", ".")) * _ISO_SECONDS[u] for u, number in parts.items())
+
+
+# --------------------------------------------------------------------------
+# The rule table: what every key accepts, as data
+# --------------------------------------------------------------------------
+#
+# The loader reads each key with its rule's ``parse``; ``dispatcher.config_schema``
+# turns the same rules into the Helm chart's JSON Schema (``schema``), so the two
+# cannot drift apart. A rule's schema may accept more than the service (JSON
+# Schema cannot say "a duration string of at least 1s"), never less.
+
+JsonSchema = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One key: the parser the loader calls and the JSON Schema saying the same."""
+
+    parse: Callable[[object, str], Any]
+    schema: JsonSchema
+
+    def read(self, s: _Section, f: Field[Any]) -> Any:
+        if f.default is MISSING and f.default_factory is MISSING:
+            return s.require(f.name, self.parse)
+        if f.default is None:
+            return s.optional(f.name, self.parse)
+        factory = f.default_factory
+        default = factory() if callable(factory) else f.default
+        return s.get(f.name, self.parse, default)
+
+
+@dataclass(frozen=True)
+class SectionRule(Rule):
+    """A nested mapping: ``shape``'s fields, each with its own rule."""
+
+    shape: type = object
+
+    def read(self, s: _Section, f: Field[Any]) -> Any:
+        if f.default is None:  # ``declare: null`` (or absent) means "no section"
+            return s.optional(f.name, self.parse)
+        return s.nested(f.name, self.parse)  # null or absent: every default
+
+
+def _section_rule(shape: type) -> SectionRule:
+    return SectionRule(partial(_build, shape), {}, shape)
+
+
+@dataclass(frozen=True)
+class ListRule(Rule):
+    """A list of ``item`` sections; required, whatever the field's default says
+    (a service with no binding has nothing to do)."""
+
+    item: SectionRule | None = None
+
+    def read(self, s: _Section, f: Field[Any]) -> Any:
+        return self.parse(s.raw(f.name), s.sub(f.name))
+
+
+def _bindings_rule() -> ListRule:
+    schema = {"type": "array", "minItems": 1}
+    return ListRule(_bindings, schema, _section_rule(BindingSettings))
+
+
+def _text(*, non_empty: bool = False, max_bytes: int | None = None) -> Rule:
+    schema: JsonSchema = {"type": "string"}
+    if non_empty:
+        schema["minLength"] = 1
+    if max_bytes is not None:
+        schema["maxLength"] = max_bytes  # characters <= bytes: never refuses a valid name
+    parse = _queue_name if max_bytes is not None else _non_empty_str if non_empty else _str
+    return Rule(parse, schema)
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Rule:
+    if maximum is None:
+        return Rule(_int_at_least(minimum), {"type": "integer", "minimum": minimum})
+    schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
+    return Rule(_int_between(minimum, maximum), schema)
+
+
+def _any_case(word: str) -> str:
+    # No (?i): JSON Schema patterns are ECMA-262, Helm's are Go's; both read [xX].
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+def _choice_rule(
+    *options: str, lower: bool = False, aliases: Mapping[str, str] | None = None
+) -> Rule:
+    parse = _choice(*options, lower=lower, aliases=aliases)
+    words = [*options, *(aliases or {})]
+    if not lower:
+        return Rule(parse, {"enum": words})
+    return Rule(parse, {"type": "string", "pattern": f"^({'|'.join(map(_any_case, words))})$"})
+
+
+_DURATION_DOC: Final = "Duration: 250ms, 1.5s, 2m, 1m30s, ISO-8601 (PT0.25S) or a number of seconds"
+
+
+def _duration_pattern() -> str:
+    """The strings ``parse_duration`` reads, from its own regular expressions
+    (named groups unnamed: Go's and ECMA-262's syntaxes differ there)."""
+    iso = re.sub(r"\(\?P<[A-Z]>", "(", _ISO_DURATION.pattern)
+    forms = "|".join((_NUMBER, _UNIT_DURATION.pattern, iso))
+    return rf"^\s*[-+]?({forms})\s*$"
+
+
+def _duration_rule(
+    parse: Callable[[object, str], float],
+    minimum: float,
+    *,
+    positive: bool = False,
+    maximum: float | None = None,
+) -> Rule:
+    number: JsonSchema = {"type": "number"}
+    text: JsonSchema = {"type": "string", "pattern": _duration_pattern()}
+    if positive:
+        number["exclusiveMinimum"] = minimum
+        # "0s", "PT0S", "0.000": no digit but 0 means zero, which is refused.
+        text = {"allOf": [text, {"pattern": "[1-9]"}]}
+    else:
+        number["minimum"] = minimum
+    if maximum is not None:
+        number["maximum"] = maximum
+    return Rule(parse, {"description": _DURATION_DOC, "anyOf": [number, text]})
+
+
+def _size_rule() -> Rule:
+    units = "|".join(_any_case(u) for u in sorted(_SIZE_UNITS, key=len, reverse=True) if u)
+    text = {"type": "string", "pattern": rf"^\s*[0-9]*[1-9][0-9]*\s*({units})?\s*$"}
+    return Rule(_size, {"anyOf": [{"type": "integer", "minimum": 1}, text]})
+
+
+def _url_rule(parse: Callable[[object, str], str], *schemes: str) -> Rule:
+    names = "|".join(_any_case(name) for name in schemes)
+    return Rule(parse, {"type": "string", "pattern": rf"^\s*({names})://[^/?#\s]"})
+
+
+_FILE: Final = Rule(_existing_file, {"type": "string", "minLength": 1})
+_TLS: Final = _section_rule(TlsSettings)
+
+_RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
+    Settings: {
+        "broker": _section_rule(BrokerSettings),
+        "http": _section_rule(HttpSettings),
+        "shutdown": _section_rule(ShutdownSettings),
+        "logging": _section_rule(LoggingSettings),
+        "bindings": _bindings_rule(),
+    },
+    BrokerSettings: {
+        "url": _url_rule(_amqp_url, "amqp", "amqps"),
+        "heartbeat": _duration_rule(_heartbeat, 1, maximum=65535),
+        "connection_name": _text(non_empty=True),
+        "tls": _TLS,
+        "reconnect": _section_rule(ReconnectSettings),
+        "blocked_timeout": _duration_rule(_positive_duration, 0, positive=True),
+    },
+    TlsSettings: {"ca_file": _FILE, "cert_file": _FILE, "key_file": _FILE},
+    ReconnectSettings: {
+        # Exponential backoff from 0 stays at 0: a tight reconnect loop.
+        "initial_delay": _duration_rule(_positive_duration, 0, positive=True),
+        "max_delay": _duration_rule(parse_duration, 0),
+    },
+    HttpSettings: {
+        "listen": Rule(
+            _listen, {"type": "string", "pattern": r"^(\[[^\]]+\]|[^:\[][^:]*|):[0-9]+$"}
+        )
+    },
+    ShutdownSettings: {"grace": _duration_rule(parse_duration, 0)},
+    LoggingSettings: {
+        "level": _choice_rule(
+            "debug", "info", "warning", "error", lower=True, aliases=_LOG_LEVEL_ALIASES
+        ),
+        "format": _choice_rule("json", "console", lower=True),
+    },
+    BindingSettings: {
+        "name": Rule(_binding_name, {"type": "string", "pattern": f"^{_BINDING_NAME.pattern}$"}),
+        "queue": _text(non_empty=True, max_bytes=255),  # AMQP 0-9-1 shortstr limit
+        "subscriber": _url_rule(_http_url, "http", "https"),
+        "declare": _section_rule(DeclareSettings),
+        "content_mode": _choice_rule("binary", "structured"),
+        "tls": _TLS,
+        # The prefetch count is an AMQP short (and 0 would mean "unlimited").
+        "parallelism": _integer(1, 65535),
+        "ordered": Rule(_bool, {"type": "boolean"}),
+        "delivery": _section_rule(DeliverySettings),
+        "dedupe_window": _duration_rule(parse_duration, 0),
+        "dead_letter": _section_rule(DeadLetterSettings),
+        "reply": _section_rule(ReplySettings),
+        "non_cloudevent": _choice_rule("wrap", "dead_letter"),
+        "max_body_size": _size_rule(),
+    },
+    DeclareSettings: {
+        "durable": Rule(_bool, {"type": "boolean"}),
+        "type": _choice_rule("classic", "quorum"),
+        "dead_letter_exchange": _text(),
+        "delivery_limit": _integer(1),
+    },
+    DeliverySettings: {
+        "retry": _integer(0),
+        "backoff_policy": _choice_rule("exponential", "linear"),
+        # 0 would requeue a refused message straight back, in a hot loop.
+        "backoff_delay": _duration_rule(_positive_duration, 0, positive=True),
+        "backoff_max": _duration_rule(parse_duration, 0),
+        "timeout": _duration_rule(_positive_duration, 0, positive=True),
+    },
+    DeadLetterSettings: {
+        "sink": _url_rule(_http_url, "http", "https"),
+        "exchange": _text(),
+        "routing_key": _text(),
+    },
+    ReplySettings: {
+        "exchange": _text(),
+        "routing_key": _text(),
+        "url": _url_rule(_http_url, "http", "https"),
+    },
+}
+
+_CHECKS: Final[Mapping[type, Callable[[Any, _Section], None]]] = {
+    ReconnectSettings: _check_reconnect,
+    TlsSettings: _check_tls,
+    DeclareSettings: _check_declare,
+    DeliverySettings: _check_delivery,
+    ReplySettings: _check_reply,
+}
+
+
+def rule_table() -> Mapping[type, Mapping[str, Rule]]:
+    """Every section's rules, for ``dispatcher.config_schema``."""
+    return _RULES
 
 
 # --------------------------------------------------------------------------
