@@ -86,6 +86,12 @@ bench: $(VENV)/.bench-installed
 bench-pipeline: $(VENV)/.installed
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
 
+# The config part of the Helm chart's values.schema.json, generated from the
+# service's own rules (tests/unit/test_config_schema.py fails when it is stale).
+.PHONY: schema
+schema: $(VENV)/.installed
+	$(PY) -m dispatcher.config_schema
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dispatcher tests cmd
 	$(VENV)/bin/ruff format --check dispatcher tests cmd
