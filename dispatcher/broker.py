@@ -44,11 +44,12 @@ import pika
 import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
+from dispatcher import amqp_properties
 from dispatcher.broker_params import connection_parameters, release
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.engine import Verdict
-from dispatcher.events import amqp_message
-from dispatcher.handler import Action, Received
+from dispatcher.events import AmqpMessage, amqp_message
+from dispatcher.handler import Action, Received, Unreadable
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff
@@ -85,6 +86,10 @@ class Supervisor:
         self._broker = broker
         # Built once (URL, TLS files): raises here, at start, for a bad CA or key.
         self._params = connection_parameters(broker, "consumer")
+        # Properties pika cannot decode must reach ``_on_message`` as a marker:
+        # raised, they abort the connection and the message comes back first on
+        # the next one, forever (amqp_properties).
+        amqp_properties.install()
         self._metrics = metrics
         self._reconnect = Backoff(
             "exponential",
@@ -346,8 +351,26 @@ class Supervisor:
     ) -> None:
         b.in_flight += 1
         b.current += 1
-        message = amqp_message(body, props)
-        received = Received(generation, method.delivery_tag, bool(method.redelivered), message)
+        tag = method.delivery_tag
+        unreadable: Unreadable | None = None
+        error = amqp_properties.decode_error(props)
+        if error is not None:
+            unreadable = Unreadable(error, props.encoded)
+            log.warning(
+                "message properties pika could not decode: it will be dead-lettered",
+                binding=b.settings.name,
+                delivery_tag=tag,
+                error=error,
+            )
+        try:
+            message = amqp_message(body, props)
+        except Exception as e:
+            # Raised here (pika's callback) it would abort the connection just as
+            # a decode failure does, and meet this message again on the next one.
+            log.exception("message properties could not be read", binding=b.settings.name)
+            message = AmqpMessage(body, {})
+            unreadable = Unreadable(f"{type(e).__name__}: {e}", b"")
+        received = Received(generation, tag, bool(method.redelivered), message, unreadable)
         if not self._inbound:
             # pika dispatches every frame of one socket read, then its timers: the
             # whole burst goes to the engine in one hand-over (one wake-up, and one

@@ -13,6 +13,11 @@ the message's own channel generation. The rules
 - LEAVE the message unacked when shutdown interrupts a wait: the broker
   redelivers it, nothing is dead-lettered on the way out.
 
+A message whose properties pika could not decode (``Received.unreadable``,
+see ``amqp_properties``) is dead-lettered with the reason and its body, never
+delivered: its attributes are unknown, and a subscriber would get a
+different event than the one that was published.
+
 A redelivered message whose event this process already delivered or
 dead-lettered (or is still delivering) is acked without a second request
 (``dedupe``). An unexpected error while handling a message dead-letters it
@@ -23,6 +28,7 @@ Every final outcome writes exactly one ``event: "delivery"`` log line.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -52,6 +58,14 @@ class Action(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Unreadable:
+    """Why the properties of a message could not be read, and their bytes as received."""
+
+    error: str
+    properties: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Received:
     """One message as received on one channel generation."""
 
@@ -59,6 +73,9 @@ class Received:
     tag: int
     redelivered: bool
     message: AmqpMessage
+    # Set when pika could not decode the properties: ``message`` then has the
+    # body and no properties, and the message is dead-lettered, not delivered.
+    unreadable: Unreadable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +127,10 @@ class Handler:
 
     async def handle(self, delivery: Received) -> Action:
         started = self._waits.time()
-        event, problem = self._read(delivery.message)
+        if delivery.unreadable is None:
+            event, problem = self._read(delivery.message)
+        else:
+            event, problem = self._unreadable(delivery.message, delivery.unreadable)
         claim: Claim | None = None
         if self._dedupe.enabled and delivery.redelivered:
             found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
@@ -170,6 +190,21 @@ class Handler:
         except Exception as e:  # a mapping bug must not loop the message forever
             self._log.exception("internal error while reading a message")
             return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"
+
+    def _unreadable(self, message: AmqpMessage, unreadable: Unreadable) -> tuple[Event, str]:
+        """A wrapped stand-in for the dead letter, and the reason.
+
+        Its id digests the property bytes as well as the body (the wrap's own
+        digest would see no properties at all): two different hostile messages
+        with one body stay two events, and a redelivery keeps its id.
+        """
+        digest = hashlib.sha256()
+        for part in (self._binding.queue.encode(), unreadable.properties, message.body):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part)
+        wrapped = self._wrapped(message)
+        event = Event({**wrapped.attributes, "id": digest.hexdigest()}, wrapped.data)
+        return event, f"unreadable AMQP properties: {unreadable.error}"
 
     def _wrapped(self, message: AmqpMessage) -> Event:
         return events.wrap(message, self._vhost, self._binding.queue)
