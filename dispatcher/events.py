@@ -484,14 +484,45 @@ def stable_digest(message: AmqpMessage, queue: str) -> str:
         "headers": headers,
     }
     try:
-        described = json.dumps(identity, sort_keys=True, default=repr)
-    except TypeError:  # a nested table with a bytes key: its repr is as stable
-        described = repr(identity)
+        try:
+            described = json.dumps(identity, sort_keys=True, default=repr)
+        except TypeError:  # a nested table with a bytes key: its repr is as stable
+            described = repr(identity)
+    except RecursionError:  # tables nested deeper than the interpreter's stack
+        described = _flat_repr(identity)
     digest = hashlib.sha256()
     digest.update(described.encode("utf-8"))
     digest.update(b"\0")
     digest.update(message.body)
     return digest.hexdigest()
+
+
+class _Rendered(str):
+    """A piece of ``_flat_repr``'s output, told apart from a string value by its type."""
+
+
+def _flat_repr(value: Any) -> str:
+    """A stable description of nested tables and arrays of any depth, without recursion
+    (json and repr recurse, and a hostile message can nest tables 10,000 deep)."""
+    out: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is _Rendered:
+            out.append(item)
+        elif isinstance(item, dict):
+            out.append("{")
+            stack.append(_Rendered("}"))
+            for key, member in sorted(item.items(), key=lambda kv: repr(kv[0]), reverse=True):
+                stack += [_Rendered(","), member, _Rendered(repr(key) + ":")]
+        elif isinstance(item, list | tuple):
+            out.append("[")
+            stack.append(_Rendered("]"))
+            for member in reversed(item):
+                stack += [_Rendered(","), member]
+        else:
+            out.append(repr(item))
+    return "".join(out)
 
 
 # --------------------------------------------------------------------- Event -> HTTP
