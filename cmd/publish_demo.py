@@ -34,7 +34,9 @@ def _redact(url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Publish demo CloudEvents to a RabbitMQ queue: make publish."
+    )
     parser.add_argument("--queue", default="demo", help="target queue (default: demo)")
     parser.add_argument(
         "--url",

@@ -4,7 +4,8 @@ Exit codes are the contract's: 0 clean stop or valid config, 2 bad config or
 usage, 1 crash (for the batch commands: a run that could not finish its work).
 The batch commands live in ``dispatcher.pipeline``; this module only parses
 their arguments. A config error is one line on stderr naming the key; no
-traceback. Signal handlers only set flags; a second signal exits at once.
+traceback. The first SIGTERM/SIGINT asks to stop, a second exits at once
+(``dispatcher.signals``).
 """
 
 from __future__ import annotations
@@ -12,18 +13,27 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from types import FrameType
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dateutil.parser import isoparse
 
 from dispatcher import __version__
-from dispatcher.config import Settings, load_settings, parse_duration, render_effective_config
-from dispatcher.errors import ConfigError
+from dispatcher.config import (
+    BrokerSettings,
+    Settings,
+    load_batch_settings,
+    load_settings,
+    parse_duration,
+    render_effective_config,
+)
+from dispatcher.errors import BatchFailed, BatchInputError, ConfigError
+from dispatcher.signals import Signals
+
+# Not taken from __doc__: ``python -OO`` strips docstrings.
+_SUMMARY = "Delivers RabbitMQ messages as CloudEvents over HTTP; archives and replays them."
 
 EXIT_OK = 0
 EXIT_CRASH = 1
@@ -38,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dispatcher", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="dispatcher", description=_SUMMARY)
     parser.add_argument("--version", action="version", version=f"dispatcher {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (
@@ -132,6 +142,7 @@ def _batch_commands(commands: Any) -> None:
     )
     report.add_argument("--logs", required=True, nargs="+", metavar="PATH", help="log input")
     report.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    _config_option(report)  # its logging section
 
     replay = commands.add_parser(
         "replay",
@@ -169,26 +180,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config, os.environ)
     except ConfigError as e:
-        sys.stderr.write(f"dispatcher: {e}\n")
-        return EXIT_USAGE
+        return _error(str(e), EXIT_USAGE)
     if args.command == "check":
         sys.stdout.write(render_effective_config(settings))
         return EXIT_OK
     return _run(settings)
 
 
+# (args, broker settings, the stop request) -> the summary printed on stdout.
+_Job = Callable[[argparse.Namespace, BrokerSettings, threading.Event], str]
+
+
 def _batch(args: argparse.Namespace) -> int:
-    if args.command == "archive":
+    """``archive``, ``report`` and ``replay`` in one frame, the same as ``run``'s:
+    logging from the config (the file's ``logging`` section, then ``LOG_LEVEL`` and
+    ``LOG_FORMAT``), the first SIGTERM/SIGINT asks the job to stop (Spark jobs are
+    cancelled) and a second exits at once, errors are one ``dispatcher: `` line on
+    stderr, exit codes are the contract's: 0 done, 2 cannot start, 1 not finished."""
+    from dispatcher import logs
+
+    try:
+        settings = load_batch_settings(args.config, os.environ)
+    except ConfigError as e:
+        return _error(str(e), EXIT_USAGE)
+    logs.configure(settings.logging.level, settings.logging.format)
+    job = _job(args.command)
+    on_first = None if args.command == "archive" else _cancel_spark_jobs
+    with Signals(on_first) as signals:
+        try:
+            summary = job(args, settings.broker, signals.requested)
+        except (ConfigError, BatchInputError) as e:
+            return _error(str(e), EXIT_USAGE)
+        except BatchFailed as e:
+            if e.summary:
+                sys.stdout.write(e.summary + "\n")
+            return _error(e.message, EXIT_CRASH)
+        except Exception as e:
+            if signals.requested.is_set():  # the cancelled Spark job's error, most likely
+                return _error(f"{args.command} stopped by a signal before it finished", EXIT_CRASH)
+            logs.get_logger().exception(f"{args.command} crashed")
+            return _error(f"{args.command} crashed: {type(e).__name__}: {e}", EXIT_CRASH)
+    sys.stdout.write(summary + "\n")
+    return EXIT_OK
+
+
+def _job(command: str) -> _Job:
+    # Imported here so `check` and `run` never load the batch side (or PySpark).
+    if command == "archive":
         from dispatcher.pipeline import archive
 
-        return archive.command(args)
-    if args.command == "report":
+        return archive.command
+    if command == "report":
         from dispatcher.pipeline import report
 
-        return report.command(args)
+        return report.command
     from dispatcher.pipeline import replay
 
-    return replay.command(args)
+    return replay.command
+
+
+def _cancel_spark_jobs() -> None:
+    from dispatcher.pipeline.spark import cancel_all_jobs
+
+    cancel_all_jobs()
+
+
+def _error(message: str, code: int) -> int:
+    sys.stderr.write(f"dispatcher: {message}\n")
+    sys.stderr.flush()
+    return code
 
 
 def _run(settings: Settings) -> int:
@@ -198,54 +258,15 @@ def _run(settings: Settings) -> int:
 
     logs.configure(settings.logging.level, settings.logging.format)
     try:
-        with _signals_for_the_main_thread_only():
+        with Signals() as signals:
             try:
                 service = Service(settings)
             except ConfigError as e:
-                sys.stderr.write(f"dispatcher: {e}\n")
-                return EXIT_USAGE
-            _install_signal_handlers(service)
+                return _error(str(e), EXIT_USAGE)
             service.start()
-        service.wait_for_stop()
-        service.shutdown()
+            signals.requested.wait()
+            service.shutdown()
     except Exception:
         logs.get_logger().exception("crashed")
         return EXIT_CRASH
     return EXIT_OK
-
-
-_SHUTDOWN_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-@contextmanager
-def _signals_for_the_main_thread_only() -> Iterator[None]:
-    """Threads started inside inherit SIGTERM and SIGINT blocked.
-
-    Python runs handlers on the main thread only, and only when that thread
-    runs: a signal the kernel hands to another thread waits until the main
-    thread's current wait ends. During shutdown that wait is the whole grace
-    period, so a second signal ("exit now") could wait for it. With every
-    other thread blocking them, the kernel delivers them to the main thread,
-    which is interrupted at once. Signals that arrive meanwhile stay pending.
-    """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SHUTDOWN_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def _install_signal_handlers(service: object) -> None:
-    from dispatcher.service import Service
-
-    assert isinstance(service, Service)
-    received: list[int] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if received:
-            os._exit(EXIT_CRASH)  # second signal: the operator wants out now
-        received.append(signum)
-        service.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)

@@ -175,6 +175,14 @@ class Settings:
     bindings: tuple[BindingSettings, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """What ``archive``, ``report`` and ``replay`` read of the service's configuration."""
+
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+
+
 # --------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------
@@ -208,19 +216,21 @@ def load_settings(path: str | None, environ: Mapping[str, str]) -> Settings:
     return settings_from_dict(raw, environ)
 
 
-def load_broker_settings(path: str | None, environ: Mapping[str, str]) -> BrokerSettings:
-    """The ``broker`` section alone, for the batch commands (``archive``, ``replay``).
+def load_batch_settings(path: str | None, environ: Mapping[str, str]) -> BatchSettings:
+    """The ``broker`` and ``logging`` sections alone, for the batch commands.
 
     They read the same file as the service when there is one (bindings are not
-    needed, so not required), else the defaults; ``RABBITMQ_URL`` overrides either.
+    needed, so not required), else the defaults; the environment overrides
+    either (``RABBITMQ_URL``, ``LOG_LEVEL``, ``LOG_FORMAT``), as for the service.
     """
     resolved, named_by = _resolve_config_path(path, environ)
     raw: Mapping[str, object] = {}
     if path or named_by != "config" or os.path.exists(resolved):
         raw = _read_yaml(resolved, named_by)
-    merged, origins = _apply_env_overrides({"broker": raw.get("broker")}, environ)
+    sections = {name: raw.get(name) for name in ("broker", "logging")}
+    merged, origins = _apply_env_overrides(sections, environ)
     with _blaming_variables(origins):
-        return _broker(merged.get("broker"), "broker")
+        return _build(BatchSettings, merged, "")
 
 
 def settings_from_dict(
@@ -342,10 +352,6 @@ def _apply_env_overrides(
 
 def _settings(raw: object, key: str) -> Settings:
     return _build(Settings, raw, key)
-
-
-def _broker(raw: object, key: str) -> BrokerSettings:
-    return _build(BrokerSettings, raw, key)
 
 
 def _build(shape: type[T], raw: object, key: str) -> T:
@@ -1024,6 +1030,10 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "shutdown": _section_rule(ShutdownSettings),
         "logging": _section_rule(LoggingSettings),
         "bindings": _bindings_rule(),
+    },
+    BatchSettings: {
+        "broker": _section_rule(BrokerSettings),
+        "logging": _section_rule(LoggingSettings),
     },
     BrokerSettings: {
         "url": _url_rule(_amqp_url, "amqp", "amqps"),

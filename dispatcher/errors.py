@@ -7,8 +7,11 @@ where they enter the package, and nowhere else::
     ├── ConfigError            bad configuration; names the key; exit code 2
     ├── EventError             a message that cannot become a valid CloudEvent
     │   └── NotACloudEvent     no specversion at all (wrap it or dead-letter it)
-    └── BatchInputError        a batch command cannot start: missing input, no PySpark,
-                               an exchange or queue that does not exist; exit code 2
+    ├── BatchInputError        a batch command cannot start: missing input, no PySpark,
+    │                          an exchange or queue that does not exist; exit code 2
+    └── BatchFailed            a batch command started but could not finish its work:
+                               a lost broker, a full disk, unconfirmed publishes, a
+                               signal; exit code 1
 
 Losing the consuming connection or a channel is not an exception anywhere: the
 supervisor turns pika's close notifications into reconnect reasons. Nor is a
@@ -47,3 +50,13 @@ class NotACloudEvent(EventError):
 
 class BatchInputError(DispatcherError):
     """A batch command (archive, report, replay) cannot start with what it was given."""
+
+
+class BatchFailed(DispatcherError):
+    """A batch command could not finish its work. ``summary``: what it did before, if
+    anything (the command prints it on stdout, as after a run that finished)."""
+
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.summary = summary

@@ -27,13 +27,13 @@ Why it is built this way:
   the consumer is cancelled, requeued by the broker when the connection closes).
 - **One thread, plain pika ``BlockingConnection``.** A batch command has nothing
   else to do while it writes. The consume generator's inactivity timeout lets
-  the loop notice a stop request, idle time and the flush deadline; signal
-  handlers only set a flag.
+  the loop notice a stop request (the first SIGTERM/SIGINT: ``dispatcher.signals``),
+  idle time and the flush deadline.
 - **Every message is archived, nothing is dropped.** A message becomes an event
   exactly as the service reads it; a non-CloudEvent is wrapped like the service
   wraps it, a malformed one is wrapped too and says why in ``dispatchererror``.
 
-pika's exceptions are translated into ``ArchiveError`` here, at the boundary.
+pika's exceptions are translated into ``BatchFailed`` here, at the boundary.
 """
 
 from __future__ import annotations
@@ -42,15 +42,12 @@ import argparse
 import contextlib
 import datetime as dt
 import os
-import signal
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final
 
 import pika
@@ -58,35 +55,19 @@ import pika.exceptions
 
 from dispatcher import events, logs
 from dispatcher.broker_params import connection_parameters, virtual_host
-from dispatcher.config import BrokerSettings, load_broker_settings, redact_url
+from dispatcher.config import BrokerSettings, redact_url
 from dispatcher.deadletter import with_reason
-from dispatcher.errors import ConfigError, DispatcherError
+from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.pipeline import records
-
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
 
 # A partial batch is written once its oldest message has waited this long.
 FLUSH_INTERVAL: Final = 1.0
 # How often the consume loop wakes up when no message arrives.
 _POLL: Final = 0.2
 _MAX_PREFETCH: Final = 65535  # prefetch-count is a 16-bit field in AMQP 0-9-1
-_LOG_LEVELS: Final = ("debug", "info", "warning", "error")
-_LOG_FORMATS: Final = ("json", "console")
 
 log = logs.get_logger()
-
-
-class ArchiveError(DispatcherError):
-    """The run could not finish. ``exit_code`` is the CLI's; ``result`` what was done before."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
-        self.result: ArchiveResult | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,16 +124,16 @@ def temp_name(final_name: str) -> str:
 
 
 def prepare_out(out: Path) -> None:
-    """Create the archive folder if needed; ``ArchiveError`` (usage) if it cannot be used."""
+    """Create the archive folder if needed; ``BatchInputError`` if it cannot be used."""
     try:
         if not out.is_dir():
             out.mkdir(parents=True, exist_ok=True)
             _fsync_dir(out.parent)
     except OSError as e:
         reason = _os_reason(e)
-        raise ArchiveError(f"--out {out}: cannot create the folder: {reason}", EXIT_USAGE) from e
+        raise BatchInputError(f"--out {out}: cannot create the folder: {reason}") from e
     if not os.access(out, os.W_OK | os.X_OK):
-        raise ArchiveError(f"--out {out}: folder is not writable", EXIT_USAGE)
+        raise BatchInputError(f"--out {out}: folder is not writable")
 
 
 def write_batch(
@@ -161,7 +142,7 @@ def write_batch(
     """Write one file per date folder, each durable before this returns; all or nothing.
 
     On failure nothing of the batch is left behind (neither temporary files nor
-    files already renamed) and ``ArchiveError`` says what failed.
+    files already renamed) and ``BatchFailed`` says what failed.
     """
     name = part_name(now)
     written: list[Path] = []
@@ -171,7 +152,7 @@ def write_batch(
     except OSError as e:
         for path in written:
             _remove(path)
-        raise ArchiveError(f"cannot write the archive: {_os_reason(e)}") from e
+        raise BatchFailed(f"cannot write the archive: {_os_reason(e)}") from e
     return written
 
 
@@ -262,13 +243,13 @@ def archive(
     clock: Callable[[], float] = time.monotonic,
     now: Callable[[], dt.datetime] = _utc_now,
 ) -> ArchiveResult:
-    """Drain ``queue`` into ``out`` until a stop condition; ``ArchiveError`` if it cannot.
+    """Drain ``queue`` into ``out`` until a stop condition; ``BatchFailed`` if it cannot.
 
     Stops after ``max_events`` archived, after ``idle_exit`` seconds without a
     message, or when ``stop`` is set; the batch in hand is written first.
     """
     if not queue:
-        raise ArchiveError("--queue: must not be empty", EXIT_USAGE)
+        raise BatchInputError("--queue: must not be empty")
     if batch_size < 1 or (max_events is not None and max_events < 1):
         raise ValueError("batch_size and max_events must be >= 1")
     limits = _Limits(max_events, idle_exit, batch_size, flush_interval)
@@ -322,9 +303,12 @@ class _Run:
         connection = self._connect()
         try:
             stopped = self._drain(connection)
-        except ArchiveError as e:
-            e.result = ArchiveResult(self.archived, self.files, "failed")
+        except BatchFailed as e:
             log.error("archive failed", error=e.message, archived=self.archived, files=self.files)
+            if self.archived:  # what did get archived before the failure
+                e.summary = summary(
+                    ArchiveResult(self.archived, self.files, "failed"), self.out, self.queue
+                )
             raise
         finally:
             _close(connection)  # whatever is still unacked goes back to the queue
@@ -336,11 +320,11 @@ class _Run:
         try:
             params = connection_parameters(self.broker, "archive")
         except OSError as e:  # TLS files that cannot be read or used
-            raise ArchiveError(f"broker.tls: {_os_reason(e)}", EXIT_USAGE) from e
+            raise BatchInputError(f"broker.tls: {_os_reason(e)}") from e
         try:
             return pika.BlockingConnection(params)
         except pika.exceptions.AMQPError as e:
-            raise ArchiveError(f"cannot connect to the broker at {where}: {_describe(e)}") from e
+            raise BatchFailed(f"cannot connect to the broker at {where}: {_describe(e)}") from e
 
     def _drain(self, connection: Any) -> str:
         try:
@@ -373,7 +357,7 @@ class _Run:
                 return stopped
         # The generator ends only when the broker cancels the consumer.
         self._flush(channel, batch)
-        raise ArchiveError(
+        raise BatchFailed(
             f"the broker cancelled the consumer of queue {self.queue!r} (queue deleted?) "
             f"after {self.archived} events were archived"
         )
@@ -407,20 +391,19 @@ class _Run:
         for tag in batch.tags:
             channel.basic_ack(delivery_tag=tag)
 
-    def _broker_error(self, error: pika.exceptions.AMQPError) -> ArchiveError:
+    def _broker_error(self, error: pika.exceptions.AMQPError) -> DispatcherError:
         code = getattr(error, "reply_code", None)
         if isinstance(error, pika.exceptions.ChannelClosedByBroker) and code == 404:
-            return ArchiveError(
+            return BatchInputError(
                 f"queue {self.queue!r} not found in vhost {self.vhost!r}: "
-                "archive drains an existing queue and never declares one",
-                EXIT_USAGE,
+                "archive drains an existing queue and never declares one"
             )
         what = (
             "the broker closed the channel"
             if isinstance(error, pika.exceptions.AMQPChannelError)
             else "lost the connection to the broker"
         )
-        return ArchiveError(
+        return BatchFailed(
             f"{what} while draining queue {self.queue!r}: {_describe(error)}; "
             f"{self.archived} events were archived, every message not acked stays in the "
             "queue (some may be archived again)"
@@ -446,83 +429,25 @@ def _close(connection: Any) -> None:
 # --------------------------------------------------------------------- command
 
 
-def command(args: argparse.Namespace) -> int:
-    """``dispatcher archive``: config, logging, signals and exit codes around ``archive``."""
-    try:
-        broker = load_broker_settings(args.config, os.environ)
-        level, fmt = _log_settings(os.environ)
-    except ConfigError as e:
-        _error(str(e))
-        return EXIT_USAGE
-    logs.configure(level, fmt)
-    stop = threading.Event()
-    restore = _install_signal_handlers(stop)
-    try:
-        result = archive(
-            args.queue,
-            args.out,
-            broker,
-            max_events=args.max_events,
-            idle_exit=args.idle_exit,
-            batch_size=args.batch_size,
-            stop=stop,
-        )
-    except ArchiveError as e:
-        _error(e.message)
-        if e.result is not None and e.result.archived:
-            _summary(e.result, args)  # what did get archived before the failure
-        return e.exit_code
-    except Exception as e:
-        log.exception("archive crashed")
-        _error(f"archive crashed: {type(e).__name__}: {e}")
-        return EXIT_FAILED
-    finally:
-        restore()
-    _summary(result, args)
-    return EXIT_OK
+def command(args: argparse.Namespace, broker: BrokerSettings, stop: threading.Event) -> str:
+    """``dispatcher archive`` inside the commands' frame (``dispatcher.cli``): the summary."""
+    result = archive(
+        args.queue,
+        args.out,
+        broker,
+        max_events=args.max_events,
+        idle_exit=args.idle_exit,
+        batch_size=args.batch_size,
+        stop=stop,
+    )
+    return summary(result, args.out, args.queue)
 
 
-def _log_settings(environ: Mapping[str, str]) -> tuple[str, str]:
-    level = environ.get("LOG_LEVEL", "info").strip().lower()
-    level = "warning" if level == "warn" else level
-    if level not in _LOG_LEVELS:
-        raise ConfigError("LOG_LEVEL", f"must be one of {', '.join(_LOG_LEVELS)}, got {level!r}")
-    fmt = environ.get("LOG_FORMAT", "json").strip().lower()
-    if fmt not in _LOG_FORMATS:
-        raise ConfigError("LOG_FORMAT", f"must be one of {', '.join(_LOG_FORMATS)}, got {fmt!r}")
-    return level, fmt
-
-
-def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
-    """SIGTERM/SIGINT set ``stop``; a second one exits at once. Returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None  # only the main thread may install handlers
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            os._exit(EXIT_FAILED)  # second signal: the operator wants out now
-        stop.set()
-
-    signals = (signal.SIGTERM, signal.SIGINT)
-    previous = {signum: signal.signal(signum, on_signal) for signum in signals}
-
-    def restore() -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-
-    return restore
-
-
-def _summary(result: ArchiveResult, args: argparse.Namespace) -> None:
+def summary(result: ArchiveResult, out: Path | str, queue: str) -> str:
+    """The one stdout line of a run, finished or not."""
     events_word = "event" if result.archived == 1 else "events"
     files_word = "file" if result.files == 1 else "files"
-    sys.stdout.write(
+    return (
         f"archived {result.archived} {events_word} into {result.files} {files_word} "
-        f"under {args.out} (queue {args.queue})\n"
+        f"under {out} (queue {queue})"
     )
-    sys.stdout.flush()
-
-
-def _error(message: str) -> None:
-    sys.stderr.write(f"dispatcher: {message}\n")
-    sys.stderr.flush()

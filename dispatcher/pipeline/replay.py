@@ -31,9 +31,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
-import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -43,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher import events
 from dispatcher.broker_params import connection_parameters
-from dispatcher.config import BrokerSettings, load_broker_settings, redact_url
-from dispatcher.errors import BatchInputError, ConfigError, EventError
+from dispatcher.config import BrokerSettings, redact_url
+from dispatcher.errors import BatchFailed, BatchInputError, EventError
 from dispatcher.events import Event
 from dispatcher.pipeline import records
 from dispatcher.pipeline import spark as spark_session
@@ -97,19 +96,18 @@ class Counts:
 # --------------------------------------------------------------------- command
 
 
-def command(args: argparse.Namespace) -> int:
-    try:
-        spark_session.require_pyspark()
-        broker = load_broker_settings(args.config, os.environ)
-        options = _options(args)
-        check_exchange(broker, options.exchange)
-        with spark_session.session("replay") as spark:
-            counts = replay(spark, broker, options)
-    except (BatchInputError, ConfigError) as e:
-        sys.stderr.write(f"dispatcher replay: {e}\n")
-        return 2
-    sys.stdout.write(_summary_line(counts, options) + "\n")
-    return 0 if counts.failed == 0 else 1
+def command(args: argparse.Namespace, broker: BrokerSettings, _stop: threading.Event) -> str:
+    """``dispatcher replay`` inside the commands' frame (``dispatcher.cli``): the summary.
+    A signal cancels the Spark job (the frame does); ``_stop`` is not polled here."""
+    spark_session.require_pyspark()
+    options = _options(args)
+    check_exchange(broker, options.exchange)
+    with spark_session.session("replay") as spark:
+        counts = replay(spark, broker, options)
+    line = _summary_line(counts, options)
+    if counts.failed:
+        raise BatchFailed(f"{counts.failed} events were not published", summary=line)
+    return line
 
 
 def _options(args: argparse.Namespace) -> ReplayOptions:

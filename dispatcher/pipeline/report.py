@@ -25,7 +25,7 @@ import csv
 import io
 import json
 import os
-import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,24 +84,21 @@ class Report:
 # --------------------------------------------------------------------- command
 
 
-def command(args: argparse.Namespace) -> int:
-    try:
-        spark_session.require_pyspark()
-        out = _output_folder(args.out)
-        with spark_session.session("report") as spark:
-            paths = _input_paths(spark, args.logs)
-            report = build(spark, paths)
-            write(spark, report, out, args.logs)
-    except BatchInputError as e:
-        sys.stderr.write(f"dispatcher report: {e}\n")
-        return 2
-    sys.stdout.write(
+def command(args: argparse.Namespace, _broker: object, _stop: threading.Event) -> str:
+    """``dispatcher report`` inside the commands' frame (``dispatcher.cli``): the summary.
+    A signal cancels the Spark job (the frame does); ``_stop`` is not polled here."""
+    spark_session.require_pyspark()
+    out = _output_folder(args.out)
+    with spark_session.session("report") as spark:
+        paths = _input_paths(spark, args.logs)
+        report = build(spark, paths)
+        write(spark, report, out, args.logs)
+    return (
         f"read {report.lines} lines: {report.records} delivery records, skipped "
         f"{report.skipped} ({report.not_delivery} not delivery records, "
         f"{report.malformed} malformed)\nwrote {out}/summary.csv, errors.csv, attempts.csv, "
-        "summary.md, report.png and the Parquet tables\n"
+        "summary.md, report.png and the Parquet tables"
     )
-    return 0
 
 
 def _output_folder(out: str) -> Path:

@@ -52,6 +52,19 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def cancel_all_jobs() -> None:
+    """Cancel whatever Spark runs in this process, so the job's call returns (with an
+    error): what the first SIGTERM/SIGINT does to ``report`` and ``replay``. Safe to
+    call from any thread, and when there is no Spark at all."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return
+    context = SparkContext._active_spark_context
+    if context is not None:
+        context.cancelAllJobs()
+
+
 @contextmanager
 def session(app_name: str) -> Iterator[SparkSession]:
     """The active SparkSession, or a new one that is stopped again on exit."""

@@ -19,12 +19,14 @@ from typing import Any
 
 import pika
 import pytest
+import yaml
 
 from dispatcher import events
 from dispatcher.config import BrokerSettings
+from dispatcher.errors import BatchFailed
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.pipeline import records
-from dispatcher.pipeline.archive import ArchiveError, ArchiveResult, archive
+from dispatcher.pipeline.archive import ArchiveResult, archive
 from tests.support import broker
 from tests.support.broker import event_headers, publish
 from tests.support.proxy import FaultProxy
@@ -275,12 +277,11 @@ def test_a_failed_write_acks_nothing_and_exits_1(queue, tmp_path):
     (tmp_path / "date=2026-07-08").write_text("a file where the date folder should be")
     fixed = dt.datetime(2026, 7, 8, 12, tzinfo=dt.UTC)  # events have no time: this day
 
-    with pytest.raises(ArchiveError) as caught:
+    with pytest.raises(BatchFailed) as caught:  # exit code 1
         run_archive(queue, tmp_path, idle_exit=5, now=lambda: fixed)
 
-    assert caught.value.exit_code == 1
     assert "date=2026-07-08" in caught.value.message
-    assert caught.value.result == ArchiveResult(archived=0, files=0, stopped="failed")
+    assert caught.value.summary is None  # nothing was archived
     assert sorted(remaining_ids(queue)) == ["a", "b", "c"]
     assert [p.name for p in tmp_path.rglob("*")] == ["date=2026-07-08"]
 
@@ -298,8 +299,7 @@ def test_a_lost_connection_stops_with_exit_1_and_loses_nothing(queue, tmp_path):
         running.stop.set()
         proxy.close()
 
-    assert isinstance(error, ArchiveError), error
-    assert error.exit_code == 1
+    assert isinstance(error, BatchFailed), error  # exit code 1
     assert "lost the connection to the broker" in error.message, error.message
     archived = [event.id for _, event in read_archive(tmp_path)]
     left = remaining_ids(queue)
@@ -315,8 +315,8 @@ def test_a_deleted_queue_ends_the_run_with_exit_1(queue, tmp_path):
         error = running.finish(10, "notice the cancelled consumer")
     finally:
         running.stop.set()
-    assert isinstance(error, ArchiveError), error
-    assert error.exit_code == 1 and "cancelled the consumer" in error.message
+    assert isinstance(error, BatchFailed), error  # exit code 1
+    assert "cancelled the consumer" in error.message
 
 
 # --------------------------------------------------------------------- the real command
@@ -396,6 +396,24 @@ def test_the_command_prints_a_summary_and_exits_0(queue, tmp_path):
     assert code == 0, stderr
     assert stdout.splitlines()[-1] == f"archived 2 events into 1 file under {out} (queue {queue})"
     assert sorted(event.id for _, event in read_archive(out)) == ["a", "b"]
+
+
+def test_the_command_logs_as_the_config_file_says(queue, tmp_path):
+    """The batch commands read the service's ``logging`` section, as ``run`` does."""
+    fill(queue, ["a"])
+    config = tmp_path / "dispatcher.yaml"
+    config.write_text(yaml.safe_dump({"logging": {"level": "warning", "format": "console"}}))
+    out = tmp_path / "archive"
+
+    code, stdout, stderr = run_cli(
+        "--queue", queue, "--out", str(out), "--idle-exit", "300ms", "--config", str(config),
+        tmp_path=tmp_path,
+    )  # fmt: skip
+
+    assert code == 0, stderr
+    # At info level the run logs "archive started"; at warning it says only its summary.
+    assert "archive started" not in stdout + stderr
+    assert stdout.splitlines() == [f"archived 1 event into 1 file under {out} (queue {queue})"]
 
 
 def test_a_missing_queue_exits_2_naming_the_queue(tmp_path):

@@ -154,3 +154,29 @@ def test_run_delivers_then_stops_cleanly_on_sigterm(tmp_path, subscriber):
         if process.poll() is None:
             process.kill()
         broker.delete([queue])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", "dispatcher", "--help"],
+        *(["-m", "dispatcher", command, "--help"] for command in ("run", "check", "archive")),
+        *(["-m", "dispatcher", command, "--help"] for command in ("report", "replay")),
+        [str(ROOT / "cmd" / "demo_subscriber.py"), "--help"],
+        [str(ROOT / "cmd" / "publish_demo.py"), "--help"],
+    ],
+    ids=lambda args: " ".join(Path(a).name for a in args),
+)
+def test_help_works_with_docstrings_stripped(args):
+    """``python -OO`` (and PYTHONOPTIMIZE=2 in some images) drops every docstring."""
+    result = subprocess.run(
+        [sys.executable, "-OO", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: ")
+    assert "Traceback" not in result.stderr

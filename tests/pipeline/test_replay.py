@@ -229,7 +229,8 @@ def test_a_missing_exchange_is_exit_2_and_nothing_is_declared(
 
 def test_bad_arguments_are_exit_2(spark: Any, tmp_path: Path, capsys: Any) -> None:
     code, _out, err = run_replay(["--archive", str(tmp_path / "nope"), "--exchange", ""], capsys)
-    assert code == 2 and "not a folder" in err
+    # One line, with the prefix of every command's errors.
+    assert code == 2 and err == f"dispatcher: --archive {tmp_path / 'nope'}: not a folder\n"
     code, _out, err = run_replay(
         ["--archive", str(tmp_path), "--exchange", "", "--since", "2026-11-21",
          "--until", "2026-11-20"],

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from dispatcher import events
+from dispatcher.errors import BatchFailed, BatchInputError
 from dispatcher.events import AmqpMessage
 from dispatcher.pipeline import archive, records
-from dispatcher.pipeline.archive import ArchiveError, write_batch
+from dispatcher.pipeline.archive import write_batch
 
 NOW = dt.datetime(2026, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
 PART = re.compile(r"^part-20260506T070809Z-[0-9a-f]{12}\.jsonl$")
@@ -98,10 +99,9 @@ def test_a_failed_write_leaves_no_temporary_file_and_raises(tmp_path, monkeypatc
     before = everything(tmp_path)
     monkeypatch.setattr(os, "fsync", full)
 
-    with pytest.raises(ArchiveError, match="No space left on device") as caught:
+    with pytest.raises(BatchFailed, match="No space left on device"):  # exit code 1
         write_batch(tmp_path, {"2026-01-02": [b"x"]}, NOW)
 
-    assert caught.value.exit_code == 1
     assert everything(tmp_path) == before
 
 
@@ -113,7 +113,7 @@ def test_a_batch_is_all_or_nothing_across_folders(tmp_path):
     blocker.write_bytes(b"not a folder")
     lines = {"2026-01-02": [b"a"], "2026-03-04": [b"b"]}
 
-    with pytest.raises(ArchiveError, match=r"date=2026-03-04"):
+    with pytest.raises(BatchFailed, match=r"date=2026-03-04"):
         write_batch(tmp_path, lines, NOW)
 
     assert everything(tmp_path) == ["date=2026-03-04"]
@@ -127,9 +127,8 @@ def test_prepare_out_creates_missing_parents_and_refuses_a_file(tmp_path):
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(ArchiveError, match="cannot create the folder") as caught:
+    with pytest.raises(BatchInputError, match="cannot create the folder"):  # exit code 2
         archive.prepare_out(blocker)
-    assert caught.value.exit_code == 2
 
 
 # --------------------------------------------------------------------- message -> line
