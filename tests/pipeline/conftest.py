@@ -13,6 +13,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.java import ensure_java
+
+
+@pytest.fixture(scope="session", autouse=True)
+def java() -> None:
+    """Spark's JVM: the machine's, else one fetched into .cache/ (tests/support/java.py)."""
+    ensure_java()
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
