@@ -23,7 +23,7 @@ DLX_NAME               dead_letter.exchange         the trigger's dead-letter ex
 DEAD_LETTER_SINK       dead_letter.sink             (ours; Knative resolves it elsewhere)
 BROKER_INGRESS_URL     reply.url                    replies go back into the broker
 RABBITMQ_VHOST         broker.url's virtual host    replaces the URL's vhost when set
-SUBSCRIBER_CACERTS     bindings[0].tls.ca_file      PEM text (written to a private file)
+SUBSCRIBER_CACERTS     bindings[0].tls.ca_file      PEM text (kept in a private file)
 DLX                    (no effect)                  Knative acks failures on its DLQ
                                                     dispatcher, dropping them; we never
                                                     drop, so they are requeued after
@@ -40,9 +40,11 @@ arguments), so drop-in mode never declares it. A bad value is a
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -116,11 +118,34 @@ def _with_vhost(url: str, vhost: str) -> str:
 
 def _pem_file(pem: str) -> str:
     """Knative passes the subscriber's CA certificates as PEM text; the TLS setting
-    takes a file. Written once per start, readable by this user only."""
-    handle, path = tempfile.mkstemp(prefix="dispatcher-subscriber-ca-", suffix=".pem")
-    with os.fdopen(handle, "w") as stream:
-        stream.write(pem)
+    takes a file. The file is named by its content in a folder of this user's
+    (``<tmp>/dispatcher-<uid>/``, mode 0700): every start with the same
+    certificates finds it there, so restarts leave no file behind each time, and
+    processes sharing it never see it removed or half written (it is renamed
+    into place)."""
+    folder = os.path.join(tempfile.gettempdir(), f"dispatcher-{os.getuid()}")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        _check_private(folder)
+        digest = hashlib.sha256(pem.encode()).hexdigest()[:32]
+        path = os.path.join(folder, f"subscriber-ca-{digest}.pem")
+        if not os.path.isfile(path):
+            handle, staged = tempfile.mkstemp(dir=folder, suffix=".tmp")
+            with os.fdopen(handle, "w") as stream:
+                stream.write(pem)
+            os.replace(staged, path)
+    except OSError as e:
+        raise ConfigError("SUBSCRIBER_CACERTS", f"cannot write it to a file: {e}") from e
     return path
+
+
+def _check_private(folder: str) -> None:
+    """Someone else's folder (or a link to one) at our name could swap the file."""
+    status = os.lstat(folder)
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid():
+        raise OSError(f"{folder} is not a folder of this user's")
+    if status.st_mode & 0o077:
+        raise OSError(f"{folder} is open to other users (mode {status.st_mode & 0o777:o})")
 
 
 def _uncapped(delivery: dict[str, Any]) -> float:

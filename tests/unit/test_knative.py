@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from dispatcher.config import load_settings
@@ -117,6 +122,33 @@ def test_vhost_and_subscriber_ca_certificates(tmp_path, monkeypatch):
     assert b.tls.ca_file is not None
     with open(b.tls.ca_file) as stream:
         assert stream.read() == pem
+
+
+def test_restarts_with_the_same_certificates_leave_one_private_file(tmp_path, monkeypatch):
+    """Every start wrote a new temporary file and none was ever removed."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    pems = [f"-----BEGIN CERTIFICATE-----\nMII{n}\n-----END CERTIFICATE-----\n" for n in "AB"]
+    paths = [
+        load(tmp_path, monkeypatch, SUBSCRIBER_CACERTS=pem).bindings[0].tls.ca_file
+        for pem in (pems[0], pems[0], pems[0], pems[1])
+    ]
+    assert paths[0] == paths[1] == paths[2] != paths[3]
+    [folder] = (tmp_path / "tmp").iterdir()
+    assert sorted(p.name for p in folder.iterdir()) == sorted({Path(p).name for p in paths})
+    assert [Path(p).read_text() for p in paths[2:]] == pems
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(Path(p).stat().st_mode) == 0o600 for p in paths)
+
+
+def test_certificates_are_not_written_into_a_folder_others_can_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = tmp_path / f"dispatcher-{os.getuid()}"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=r"SUBSCRIBER_CACERTS: .*open to other users"):
+        load(tmp_path, monkeypatch, SUBSCRIBER_CACERTS="pem")
+    assert list(shared.iterdir()) == []
 
 
 def test_vhost_applies_to_the_rabbitmq_url_override_too(tmp_path, monkeypatch):
