@@ -265,6 +265,7 @@ def _run(settings: Settings) -> int:
                 return _error(str(e), EXIT_USAGE)
             service.start()
             signals.requested.wait()
+            service.request_stop()
             service.shutdown()
     except Exception:
         logs.get_logger().exception("crashed")

@@ -170,12 +170,8 @@ class Service:
         self.supervisor.start()
 
     def request_stop(self) -> None:
-        """Signal-safe: only sets a flag."""
+        """Readiness goes 503 ("shutting down") at once; ``shutdown`` does the rest."""
         self._stop_requested.set()
-
-    def wait_for_stop(self) -> None:
-        while not self._stop_requested.wait(1.0):
-            pass
 
     def ready(self) -> bool:
         """What ``/readyz`` answers (one rule, not a copy of it)."""

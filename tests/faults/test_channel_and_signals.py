@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -136,6 +137,9 @@ def test_a_second_signal_exits_at_once(live_node: RabbitNode, holding):
     proc, queue = holding("60s")
     proc.popen.send_signal(signal.SIGINT)
     proc.wait_for("shutdown started")
+    # During the grace period the pod is taken out of its Service's endpoints.
+    status, _type, body = proc.get("/readyz")
+    assert (status, json.loads(body)["reason"]) == (503, "shutting down")
     started = time.monotonic()
     proc.popen.send_signal(signal.SIGINT)
     assert proc.popen.wait(timeout=10) == 1
