@@ -15,10 +15,41 @@ import datetime as dt
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import structlog
+
+# Every line of the process goes out under this lock, text and newline in one
+# write: with stdout unbuffered (PYTHONUNBUFFERED=1, as in the image) each write
+# is a syscall, and a line written in two (``print`` writes the text, then the
+# newline) could take another thread's lines into its middle.
+_WRITE_LOCK = threading.Lock()
+
+
+def write_lines(text: str) -> None:
+    """Write ``text`` (whole lines, each ending in a newline) to stdout at once."""
+    with _WRITE_LOCK:
+        stream = sys.stdout  # looked up per call: whoever replaced stdout (tests) gets it
+        stream.write(text)
+        stream.flush()
+
+
+class _LineLogger:
+    """structlog's output: one ``write_lines`` per rendered line."""
+
+    def msg(self, message: str) -> None:
+        write_lines(message + "\n")
+
+    log = debug = info = warn = warning = error = err = critical = fatal = exception = msg
+
+
+_LINE_LOGGER = _LineLogger()
+
+
+def _line_logger(*_args: Any) -> _LineLogger:
+    return _LINE_LOGGER
 
 
 class _Direct:
@@ -48,7 +79,7 @@ def configure(level: str = "info", fmt: str = "json") -> None:
             logging.getLevelNamesMapping()[level.upper()]
         ),
         # PrintLogger flushes every line and writes to the current sys.stdout.
-        logger_factory=structlog.PrintLoggerFactory(),
+        logger_factory=_line_logger,
         cache_logger_on_first_use=False,
     )
     _direct.json = (
@@ -106,8 +137,6 @@ class DeliveryLines:
                 line["timestamp"] = timestamp
                 parts.append(encode(line))
             parts.append("")
-            stream = sys.stdout  # looked up per batch: whoever replaced stdout (tests) gets it
-            stream.write("\n".join(parts))
-            stream.flush()
+            write_lines("\n".join(parts))
         for callback in then:
             callback()

@@ -43,6 +43,7 @@ class DispatcherProcess:
         )
         self.raw: list[str] = []
         self.lines: list[dict[str, Any]] = []
+        self.malformed: list[str] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -52,7 +53,10 @@ class DispatcherProcess:
             with self._cond:
                 self.raw.append(line)
                 if line.startswith("{"):
-                    self.lines.append(json.loads(line))
+                    try:
+                        self.lines.append(json.loads(line))
+                    except ValueError:  # a broken log line is a finding, not a dead reader
+                        self.malformed.append(line)
                 self._cond.notify_all()
 
     def wait_for(self, event: str, timeout: float = 20, **fields: Any) -> dict[str, Any]:
@@ -67,7 +71,8 @@ class DispatcherProcess:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError(
-                        f"no {event!r} line {fields} within {timeout}s; output:\n"
+                        f"no {event!r} line {fields} within {timeout}s; "
+                        f"{len(self.malformed)} malformed lines; output:\n"
                         + "".join(self.raw[-30:])
                     )
                 self._cond.wait(min(left, 0.5))

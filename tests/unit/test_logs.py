@@ -70,3 +70,51 @@ def test_lines_of_a_batch_are_out_before_their_counters_move(capsys) -> None:
     assert capsys.readouterr().out == ""  # nothing written before the flush
     lines.flush()
     assert seen == [3, 0, 0]  # the first counter moved with all three lines already out
+
+
+def test_lines_from_several_threads_never_share_a_line(monkeypatch, tmp_path) -> None:
+    """Every log line reaches stdout whole: structlog lines from any thread and the
+    engine's delivery batches interleave only between lines. With stdout
+    unbuffered (PYTHONUNBUFFERED=1, as in the image) ``print`` wrote the text and
+    the newline with two syscalls, and a batch written in between made one line
+    of two JSON objects, which ``report`` cannot read."""
+    import io
+    import sys
+    import threading
+
+    path = tmp_path / "stdout"
+    out = io.TextIOWrapper(io.FileIO(path, "w"), write_through=True)  # python -u's stdout
+    monkeypatch.setattr(sys, "stdout", out)
+    logs.configure("info", "json")
+    log = logs.get_logger()
+
+    def structlog_lines() -> None:
+        for n in range(6000):
+            log.info("tick", n=n)
+
+    def delivery_batches() -> None:
+        lines = logs.DeliveryLines()
+        for _ in range(1200):
+            for _ in range(5):
+                lines.add(dict(FIELDS), lambda: None)
+            lines.flush()
+
+    threads = [threading.Thread(target=structlog_lines) for _ in range(2)]
+    threads.append(threading.Thread(target=delivery_batches))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.close()
+    written = path.read_text().split("\n")
+    assert written[-1] == ""
+    broken = [line for line in written[:-1] if not _one_object(line)]
+    assert not broken, f"{len(broken)} lines are not one JSON object, e.g. {broken[0]!r}"
+    assert len(written) - 1 == 2 * 6000 + 1200 * 5
+
+
+def _one_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
