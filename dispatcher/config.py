@@ -286,11 +286,23 @@ def _read_yaml(path: str, named_by: str) -> Mapping[str, object]:
         document = yaml.load(data, Loader=_StrictLoader)
     except yaml.YAMLError as err:
         raise ConfigError("config", f"invalid YAML in {path}{_yaml_where(err)}") from None
+    except (ValueError, KeyError, RecursionError) as err:
+        # PyYAML's constructors raise these, not a YAMLError, for a value its
+        # explicit tag cannot read (`!!bool maybe`, `!!int x`, `!!timestamp
+        # 2026-13-01`) and for collections nested deeper than Python's stack.
+        what = "nested too deep" if isinstance(err, RecursionError) else "a tagged value"
+        raise ConfigError(
+            "config", f"invalid YAML in {path}: {what} cannot be read ({_show_error(err)})"
+        ) from None
     if document is None:
         raise ConfigError("config", f"{path} is empty")
     if not isinstance(document, Mapping):
         raise ConfigError("config", f"{path}: top level must be a mapping, got {_show(document)}")
     return document
+
+
+def _show_error(err: BaseException) -> str:
+    return _redact_text(f"{type(err).__name__}: {err}")[:200]
 
 
 def _yaml_where(err: yaml.YAMLError) -> str:

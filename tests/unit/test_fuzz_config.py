@@ -453,6 +453,13 @@ def load_file(folder: Path, data: bytes, environ: Mapping[str, str]) -> Settings
 
 @given(data=FILE_BYTES, environ=environments(OVERRIDES))
 @example(data=b"1: x\n", environ={})
+# PyYAML raises KeyError, ValueError or RecursionError, not YAMLError, for these
+# (found by FUZZ_EXAMPLES=10000).
+@example(data=b"http: !!bool maybe\n", environ={})
+@example(data=b"http: {listen: !!int x}\n", environ={})
+@example(data=b"shutdown: {grace: !!timestamp 2026-13-01}\n", environ={})
+@example(data=b"bindings: " + b"[" * 5000, environ={})
+@example(data=b"bindings: " + b"[" * 5000 + b"]" * 5000, environ={})
 @FUZZ
 def test_any_file_and_environment(workdir: Path, data: bytes, environ: dict[str, str]) -> None:
     assert_settles(lambda: load_file(workdir, data, environ))
