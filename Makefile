@@ -50,6 +50,7 @@ $(VENV)/.installed: pyproject.toml
 # The demo: the bundled subscriber in the background, the service in the
 # foreground (it declares the demo queue). Ctrl-C stops both.
 run: $(VENV)/.installed
+	@if [ -z "$$RABBITMQ_URL" ]; then bash .ci/broker; fi
 	@$(PY) -c "$$BROKER_CHECK_PY"
 	@trap 'kill $$SUB 2>/dev/null; wait $$SUB 2>/dev/null' EXIT INT TERM; \
 	PYTHONUNBUFFERED=1 $(PY) cmd/demo_subscriber.py --port $(DEMO_PORT) & SUB=$$!; \
@@ -60,14 +61,17 @@ run: $(VENV)/.installed
 publish: $(VENV)/.installed
 	$(PY) cmd/publish_demo.py
 
-# The whole suite, every marker included.
+# The whole suite, every marker included. The shared broker must answer:
+# .ci/broker starts the installed one if it is not running.
 test: $(VENV)/.installed
+	@bash .ci/broker
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.installed
 	$(PY) -m pytest -m "not broker and not fault and not spark" $(PYTEST_ARGS)
 
 test-faults: $(VENV)/.installed
+	@bash .ci/broker
 	$(PY) -m pytest -m fault $(PYTEST_ARGS)
 
 # The benchmarks' own dependencies (aio-pika, aiohttp, httpx, uvloop): only `make bench` installs them.
