@@ -414,9 +414,11 @@ def test_knative_mode_errors_name_the_variable(tmp_path, env, message):
     assert "Traceback" not in result.stderr
 
 
-def test_shutdown_signals_reach_the_main_thread_only(queue, make_subscriber, processes, tmp_path):
-    # Python runs signal handlers on the main thread, once that thread runs: a
-    # second SIGTERM taken by a worker thread waited out the shutdown grace.
+def test_shutdown_signals_are_taken_by_one_thread_only(queue, make_subscriber, processes, tmp_path):
+    # No thread may run a Python handler for them: CPython 3.11 could lose the
+    # main thread's wake-up for one, and a second SIGTERM then waited out the
+    # grace period. Every thread blocks them but the signals thread, which waits
+    # in sigwait (the kernel unblocks them for it meanwhile): dispatcher/signals.py.
     sub = make_subscriber(lambda _r, _i: Reply(200))
     proc = processes(config(queue, sub.url), tmp_path)
     proc.wait_for("consumer attached", binding="ops")
@@ -427,6 +429,7 @@ def test_shutdown_signals_reach_the_main_thread_only(queue, make_subscriber, pro
         status = (task / "status").read_text()
         mask = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
         blocked[int(task.name)] = int(mask.split()[1], 16) & wanted
-    assert len(blocked) > 3  # supervisor, workers, ops server
-    assert blocked.pop(pid) == 0
-    assert set(blocked.values()) == {wanted}
+    assert len(blocked) > 4  # main, signals, supervisor, engine, ops server
+    taking = [tid for tid, mask in blocked.items() if mask != wanted]
+    assert len(taking) == 1 and taking[0] != pid, blocked
+    assert blocked[taking[0]] == 0
