@@ -32,6 +32,7 @@ import pika
 import yaml
 
 from dispatcher.errors import ConfigError
+from dispatcher.retry import DEFAULT_RETRY_ON, RETRY_CLASSES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -121,6 +122,8 @@ class DeliverySettings:
     backoff_delay: float = field(default=0.2, metadata=_DURATION)
     backoff_max: float = field(default=30.0, metadata=_DURATION)
     timeout: float = field(default=10.0, metadata=_DURATION)
+    # Statuses (404) and classes ("4xx", "5xx") that are retried; see retry.py.
+    retry_on: tuple[int | str, ...] = DEFAULT_RETRY_ON
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,6 +521,37 @@ def _int(value: object, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(key, f"must be an integer, got {_show(value)}")
     return value
+
+
+def _retry_on(value: object, key: str) -> tuple[int | str, ...]:
+    """``delivery.retry_on``: statuses 100-599 (not 2xx, which is success) and the
+    classes ``4xx``/``5xx``; a status may be written as a number or a string."""
+    if not isinstance(value, list):
+        raise ConfigError(
+            key, f"must be a list of statuses and classes (e.g. [409, 5xx]), got {_show(value)}"
+        )
+    entries: list[int | str] = []
+    for index, item in enumerate(value):
+        entry = _retry_entry(item, f"{key}[{index}]")
+        if entry not in entries:
+            entries.append(entry)
+    return tuple(entries)
+
+
+def _retry_entry(item: object, key: str) -> int | str:
+    if isinstance(item, str) and item.lower() in RETRY_CLASSES:
+        return item.lower()
+    if isinstance(item, str) and re.fullmatch(r"[0-9]{3}", item):
+        item = int(item)
+    if isinstance(item, bool) or not isinstance(item, int):
+        raise ConfigError(
+            key, f"must be a status (409) or one of {', '.join(RETRY_CLASSES)}, got {_show(item)}"
+        )
+    if not 100 <= item <= 599:
+        raise ConfigError(key, f"must be an HTTP status between 100 and 599, got {item}")
+    if 200 <= item <= 299:
+        raise ConfigError(key, f"{item} is a success: it is never retried")
+    return item
 
 
 def _int_at_least(minimum: int) -> Callable[[object, str], int]:
@@ -1103,6 +1137,23 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "backoff_delay": _duration_rule(_positive_duration, 0, positive=True),
         "backoff_max": _duration_rule(parse_duration, 0),
         "timeout": _duration_rule(_positive_duration, 0, positive=True),
+        "retry_on": Rule(
+            _retry_on,
+            {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {
+                            "type": "integer",
+                            "minimum": 100,
+                            "maximum": 599,
+                            "not": {"minimum": 200, "maximum": 299},
+                        },
+                        {"type": "string", "pattern": "^(1[0-9]{2}|[3-5][0-9]{2}|[45][xX][xX])$"},
+                    ]
+                },
+            },
+        ),
     },
     DeadLetterSettings: {
         "sink": _url_rule(_http_url, "http", "https"),

@@ -22,7 +22,7 @@ from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.httpclient import Endpoint, HttpClient, Reading, Response, request_headers
 from dispatcher.loop import Waits
-from dispatcher.retry import Backoff, Verdict, classify
+from dispatcher.retry import Backoff, Verdict, classify, retried_statuses
 
 # What an error-response body contributes to a dead letter is at most 1024
 # base64 characters; keeping a little more than that is plenty.
@@ -69,6 +69,7 @@ class HttpTarget:
         # only when a reply may be in it, else as much as a dead letter can carry.
         keep = max_response_bytes if read_reply else ERROR_BODY_LIMIT
         self._reading = Reading(min(keep, max_response_bytes), max_response_bytes, read_reply)
+        self._retried = retried_statuses(delivery.retry_on)
         self._backoff = backoff or Backoff(
             delivery.backoff_policy, delivery.backoff_delay, delivery.backoff_max
         )
@@ -92,7 +93,7 @@ class HttpTarget:
             if self._observe is not None:
                 self._observe(response.status, waits.time() - started)
             number += 1
-            verdict = classify(response.status)
+            verdict = classify(response.status, self._retried)
             if verdict is Verdict.SUCCESS:
                 return Outcome(Result.DELIVERED, response, number)
             if verdict is Verdict.FAIL or number > retries:

@@ -1,19 +1,23 @@
 """Where retries are decided and scheduled: which answers are retried, and how long to wait.
 
-The status table is PRODUCT.md's "Delivery semantics": 404, 408, 409, 429, 5xx,
-timeouts and connection errors are retried; any other 3xx/4xx goes to the
-dead-letter path at once; 2xx is success. A ``Retry-After`` is read by libcurl
+Which statuses are retried is a binding's ``delivery.retry_on`` (statuses and
+the classes ``4xx``/``5xx``), by default 404, 408, 409, 429 and 5xx. Timeouts and
+connection errors are always retried; any other non-2xx goes to the dead-letter
+path at once; 2xx is success. A ``Retry-After`` is read by libcurl
 (``Response.retry_after``) and honoured here, capped at ``backoff_max``.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Final
 
-RETRYABLE_STATUSES = frozenset({404, 408, 409, 429})
+# ``delivery.retry_on`` when the config says nothing: Knative's and our table.
+DEFAULT_RETRY_ON: Final[tuple[int | str, ...]] = (404, 408, 409, 429, "5xx")
+RETRY_CLASSES: Final = ("4xx", "5xx")
 # Each wait is scaled by a random factor in [1 - JITTER, 1 + JITTER] so that
 # many dispatchers retrying after one outage do not arrive in lock-step.
 JITTER = 0.2
@@ -25,11 +29,29 @@ class Verdict(Enum):
     FAIL = "fail"  # not retryable: dead-letter at once
 
 
-def classify(status: int) -> Verdict:
-    """Verdict for an HTTP status; ``-1`` stands for a timeout or transport error."""
+def retried_statuses(retry_on: Iterable[int | str]) -> frozenset[int]:
+    """Every status ``retry_on`` retries, its classes spelled out: one set lookup
+    per answer. Entries are as the config validated them (100-599, not 2xx;
+    ``4xx`` or ``5xx`` in either case)."""
+    statuses: set[int] = set()
+    for entry in retry_on:
+        if isinstance(entry, str):
+            first = int(entry[0]) * 100
+            statuses.update(range(first, first + 100))
+        else:
+            statuses.add(entry)
+    return frozenset(statuses)
+
+
+DEFAULT_RETRIED: Final = retried_statuses(DEFAULT_RETRY_ON)
+
+
+def classify(status: int, retried: frozenset[int] = DEFAULT_RETRIED) -> Verdict:
+    """Verdict for an HTTP status; ``-1`` stands for a timeout or transport error,
+    always retried. ``retried``: ``retried_statuses`` of the binding's ``retry_on``."""
     if 200 <= status < 300:
         return Verdict.SUCCESS
-    if status < 0 or status >= 500 or status in RETRYABLE_STATUSES:
+    if status < 0 or status in retried:
         return Verdict.RETRY
     return Verdict.FAIL
 

@@ -123,6 +123,31 @@ def test_non_retryable_4xx_is_dead_lettered_at_once_to_the_sink(make_subscriber,
     wait_until(lambda: queue_depth(svc.queue) == 0, message="the queue to drain")
 
 
+@pytest.mark.parametrize(
+    ("status", "retry_on", "attempts"),
+    [
+        (409, None, 3),  # the default retries 409 ...
+        (409, ["5xx"], 1),  # ... a list without it dead-letters at once
+        (503, None, 3),
+        (503, [409, 429], 1),
+        (503, ["503"], 3),
+        (400, ["4xx"], 3),
+    ],
+)
+def test_retry_on_decides_which_statuses_are_retried(
+    make_subscriber, run_service, status, retry_on, attempts
+):
+    sub = make_subscriber(lambda _r, _i: Reply(status))
+    sink = make_subscriber()
+    delivery = {"retry": 2} if retry_on is None else {"retry": 2, "retry_on": retry_on}
+    svc = run_service(sub.url, delivery=delivery, dead_letter={"sink": sink.url})
+    publish(svc.queue, headers=event_headers("ro-1"))
+    [letter] = sink.wait_for(1)
+    svc.wait_events("dead_lettered", 1)
+    assert len(sub.requests) == attempts  # retry 2: three attempts when retried
+    assert letter.headers["ce-knativeerrorcode"] == str(status)
+
+
 def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(500, body=b"x" * 5000))
     exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")

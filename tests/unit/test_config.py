@@ -232,6 +232,7 @@ def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str,
         "backoff_delay",
         "backoff_max",
         "timeout",
+        "retry_on",
     ]
 
 
@@ -407,10 +408,41 @@ def test_unknown_binding_key() -> None:
     assert "subscriber" in message
 
 
+_RETRY_ON = "bindings[0].delivery.retry_on"
+_STATUS_OR_CLASS = "must be a status (409) or one of 4xx, 5xx"
+
+
+@pytest.mark.parametrize(
+    ("retry_on", "message"),
+    [
+        ([200], f"{_RETRY_ON}[0]: 200 is a success: it is never retried"),
+        ([409, 99], f"{_RETRY_ON}[1]: must be an HTTP status between 100 and 599, got 99"),
+        ([600], f"{_RETRY_ON}[0]: must be an HTTP status between 100 and 599, got 600"),
+        (["6xx"], f"{_RETRY_ON}[0]: {_STATUS_OR_CLASS}, got '6xx'"),
+        (["2xx"], f"{_RETRY_ON}[0]: {_STATUS_OR_CLASS}, got '2xx'"),
+        (
+            "5xx",
+            f"{_RETRY_ON}: must be a list of statuses and classes (e.g. [409, 5xx]), got '5xx'",
+        ),
+    ],
+)
+def test_retry_on_refuses_what_cannot_be_retried(retry_on, message) -> None:
+    assert binding_error(delivery={"retry_on": retry_on}) == message
+
+
+def test_retry_on_reads_numbers_strings_and_classes() -> None:
+    raw = {"name": "b", "queue": "q", "subscriber": "http://h/"}
+    raw["delivery"] = {"retry_on": [409, "503", "5XX", 409]}
+    settings = settings_from_dict({"bindings": [raw]}, {})
+    assert settings.bindings[0].delivery.retry_on == (409, 503, "5xx")
+    default = settings_from_dict({"bindings": [{**raw, "delivery": {}}]}, {})
+    assert default.bindings[0].delivery.retry_on == (404, 408, 409, 429, "5xx")
+
+
 def test_unknown_nested_key() -> None:
     assert binding_error(delivery={"retires": 3}) == (
         "bindings[0].delivery.retires: unknown key "
-        "(expected one of: backoff_delay, backoff_max, backoff_policy, retry, timeout)"
+        "(expected one of: backoff_delay, backoff_max, backoff_policy, retry, retry_on, timeout)"
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.retry import Backoff, Verdict, classify
+from dispatcher.retry import Backoff, Verdict, classify, retried_statuses
 
 
 @pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
@@ -20,6 +20,37 @@ def test_retried_statuses(status):
 @pytest.mark.parametrize("status", [300, 301, 302, 304, 307, 400, 401, 403, 405, 410, 413, 422])
 def test_other_3xx_4xx_fail_at_once(status):
     assert classify(status) is Verdict.FAIL
+
+
+# (retry_on, status) -> verdict: a plain reading of the rule, case by case.
+@pytest.mark.parametrize(
+    ("retry_on", "status", "verdict"),
+    [
+        ((409,), 409, Verdict.RETRY),
+        ((409,), 503, Verdict.FAIL),  # 5xx only when listed
+        (("5xx",), 503, Verdict.RETRY),
+        (("5xx",), 409, Verdict.FAIL),
+        (("5xx",), 600, Verdict.FAIL),  # not an HTTP status: never retried
+        (("4xx",), 400, Verdict.RETRY),
+        (("4xx",), 499, Verdict.RETRY),
+        (("4xx",), 500, Verdict.FAIL),
+        ((), 503, Verdict.FAIL),
+        ((), -1, Verdict.RETRY),  # timeouts and connection errors, always
+        ((301, "5xx"), 301, Verdict.RETRY),
+        (("4xx", "5xx"), 204, Verdict.SUCCESS),
+    ],
+)
+def test_retry_on(retry_on, status, verdict):
+    assert classify(status, retried_statuses(retry_on)) is verdict
+
+
+def test_the_default_is_the_old_table():
+    from dispatcher.retry import DEFAULT_RETRY_ON
+
+    retried = retried_statuses(DEFAULT_RETRY_ON)
+    for status in range(100, 600):
+        expected = status in (404, 408, 409, 429) or status >= 500
+        assert (status in retried) is expected, status
 
 
 def test_exponential_and_linear_bases_are_capped():
