@@ -155,6 +155,9 @@ class BindingSettings:
     # more than one message in flight a retry would overtake its successors.
     ordered: bool = False
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    # Extra request headers, (name, value) in the file's order: every request of
+    # the binding (subscriber, dead-letter sink, reply URL) carries them.
+    headers: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "headers"})
     dedupe_window: float = field(default=600.0, metadata=_DURATION)
     dead_letter: DeadLetterSettings = field(default_factory=DeadLetterSettings)
     reply: ReplySettings = field(default_factory=ReplySettings)
@@ -409,6 +412,18 @@ def _check_delivery(delivery: Any, s: _Section) -> None:
         raise ConfigError(s.sub("backoff_max"), "must be >= backoff_delay")
 
 
+def _check_binding(binding: Any, s: _Section) -> None:
+    # A URL's user:password@ is sent as Basic auth; a header of the same name
+    # would replace it without a word.
+    if any(name.lower() == "authorization" for name, _ in binding.headers):
+        urls = (binding.subscriber, binding.dead_letter.sink, binding.reply.url)
+        if any(url and urlsplit(url).username is not None for url in urls):
+            raise ConfigError(
+                f"{s.key}.headers.Authorization",
+                "conflicts with the user:password@ of a URL of this binding (sent as Basic auth)",
+            )
+
+
 def _check_reply(reply: Any, s: _Section) -> None:
     if reply.exchange is not None and reply.url is not None:
         raise ConfigError(s.key, "set either exchange or url, not both")
@@ -552,6 +567,44 @@ def _retry_entry(item: object, key: str) -> int | str:
     if 200 <= item <= 299:
         raise ConfigError(key, f"{item} is a success: it is never retried")
     return item
+
+
+# RFC 9110 token characters; values: visible ASCII, spaces and tabs (no CR/LF).
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE: Final = re.compile(r"[\t -~]*")
+# Written by the event mapping, by libcurl, or framing the request: never the user's.
+_RESERVED_HEADERS: Final = frozenset(
+    {"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect"}
+)
+
+
+def _headers(value: object, key: str) -> tuple[tuple[str, str], ...]:
+    """``headers``: extra request headers, a mapping of name to value."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a mapping of header names to values, got {_show(value)}")
+    seen: set[str] = set()
+    pairs: list[tuple[str, str]] = []
+    for name, raw in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise ConfigError(key, f"{_show(name)} is not a header name (RFC 9110 token)")
+        lower = name.lower()
+        if lower.startswith(("ce-", "content-")) or lower in _RESERVED_HEADERS:
+            raise ConfigError(
+                f"{key}.{name}",
+                "is written by dispatcher (the CloudEvent, its body or HTTP framing)",
+            )
+        if lower in seen:
+            raise ConfigError(f"{key}.{name}", "is listed twice (header names ignore case)")
+        seen.add(lower)
+        if isinstance(raw, bool) or not isinstance(raw, str | int):
+            raise ConfigError(f"{key}.{name}", f"must be a string, got {_show(raw)}")
+        text = str(raw)
+        if not _HEADER_VALUE.fullmatch(text):
+            raise ConfigError(
+                f"{key}.{name}", "must be printable ASCII: no line breaks or control characters"
+            )
+        pairs.append((name, text))
+    return tuple(pairs)
 
 
 def _int_at_least(minimum: int) -> Callable[[object, str], int]:
@@ -1118,6 +1171,22 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "parallelism": _integer(1, 65535),
         "ordered": Rule(_bool, {"type": "boolean"}),
         "delivery": _section_rule(DeliverySettings),
+        "headers": Rule(
+            _headers,
+            {
+                "type": "object",
+                "propertyNames": {
+                    "pattern": f"^{_HEADER_NAME.pattern}$",
+                    "not": {"pattern": "^([cC][eE]-|[cC][oO][nN][tT][eE][nN][tT]-)"},
+                },
+                "additionalProperties": {
+                    "anyOf": [
+                        {"type": "string", "pattern": f"^{_HEADER_VALUE.pattern}$"},
+                        {"type": "integer"},
+                    ]
+                },
+            },
+        ),
         "dedupe_window": _duration_rule(parse_duration, 0),
         "dead_letter": _section_rule(DeadLetterSettings),
         "reply": _section_rule(ReplySettings),
@@ -1173,6 +1242,7 @@ _CHECKS: Final[Mapping[type, Callable[[Any, _Section], None]]] = {
     DeclareSettings: _check_declare,
     DeliverySettings: _check_delivery,
     ReplySettings: _check_reply,
+    BindingSettings: _check_binding,
 }
 
 
@@ -1197,6 +1267,7 @@ _BINDING_KEY_ORDER: Final = (
     "parallelism",
     "ordered",
     "delivery",
+    "headers",
     "dedupe_window",
     "dead_letter",
     "reply",
@@ -1231,12 +1302,22 @@ def _plain(obj: DataclassInstance) -> dict[str, object]:
 
 
 def _render(value: object, how: str | None) -> object:
+    if how == "headers":  # a tuple of pairs, shown as the mapping it was written as
+        return _RENDERERS[how](value)
     if is_dataclass(value) and not isinstance(value, type):
         return _plain(value)
     if isinstance(value, tuple):
         return [_render(item, how) for item in value]
     render = _RENDERERS.get(how or "")
     return value if render is None or value is None else render(value)
+
+
+_SECRET_HEADER: Final = re.compile(r"auth|token|secret|key|password|cookie|signature", re.I)
+
+
+def _render_header(name: str, value: str) -> str:
+    """``check`` shows header values, except those whose name says they are secret."""
+    return "<redacted>" if _SECRET_HEADER.search(name) else value
 
 
 def _render_duration(seconds: float) -> str | float:
@@ -1262,6 +1343,7 @@ _RENDERERS: Final[Mapping[str, Callable[[Any], object]]] = {
     "duration": _render_duration,
     "url": redact_url,
     "size": _render_size,
+    "headers": lambda pairs: {name: _render_header(name, value) for name, value in pairs},
 }
 
 

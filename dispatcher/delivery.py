@@ -58,6 +58,7 @@ class HttpTarget:
         max_response_bytes: int = 8 * 1024 * 1024,
         read_reply: bool = False,
         backoff: Backoff | None = None,
+        extra_headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.url = endpoint.url
         self._endpoint = endpoint
@@ -70,6 +71,7 @@ class HttpTarget:
         keep = max_response_bytes if read_reply else ERROR_BODY_LIMIT
         self._reading = Reading(min(keep, max_response_bytes), max_response_bytes, read_reply)
         self._retried = retried_statuses(delivery.retry_on)
+        self._extra_headers = [f"{name}: {value}" for name, value in extra_headers]
         self._backoff = backoff or Backoff(
             delivery.backoff_policy, delivery.backoff_delay, delivery.backoff_max
         )
@@ -79,7 +81,8 @@ class HttpTarget:
         return (d.retry + 1) * d.timeout + d.retry * d.backoff_max
 
     async def send(self, request: HttpRequestParts) -> Outcome:
-        headers = request_headers(request.headers)  # built once: every attempt sends the same
+        # Built once: every attempt sends the same. The binding's own headers last.
+        headers = request_headers(request.headers) + self._extra_headers
         waits = self._waits
         deadline = waits.time() + self.deadline_seconds()
         retries = self._delivery.retry

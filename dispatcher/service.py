@@ -115,6 +115,7 @@ class Service:
                 binding.delivery,
                 engine.waits,
                 max_response_bytes=binding.max_body_size,
+                extra_headers=binding.headers,
                 **options,  # type: ignore[arg-type]
             )
 

@@ -148,6 +148,22 @@ def test_retry_on_decides_which_statuses_are_retried(
     assert letter.headers["ce-knativeerrorcode"] == str(status)
 
 
+def test_the_bindings_headers_go_with_every_request(make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, i: Reply(503 if i == 0 else 400))
+    sink = make_subscriber()
+    headers = {"X-Tenant": "blue", "X-Version": 2}
+    svc = run_service(
+        sub.url, delivery={"retry": 1}, dead_letter={"sink": sink.url}, headers=headers
+    )
+    publish(svc.queue, headers=event_headers("h-1"))
+    [letter] = sink.wait_for(1)
+    attempts = sub.wait_for(2)
+    for request in [*attempts, letter]:  # the retry and the dead letter included
+        assert request.headers["x-tenant"] == "blue"
+        assert request.headers["x-version"] == "2"
+    assert attempts[0].headers["ce-id"] == letter.headers["ce-id"] == "h-1"
+
+
 def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(500, body=b"x" * 5000))
     exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")

@@ -220,6 +220,7 @@ def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str,
         "parallelism",
         "ordered",
         "delivery",
+        "headers",
         "dedupe_window",
         "dead_letter",
         "reply",
@@ -409,6 +410,8 @@ def test_unknown_binding_key() -> None:
 
 
 _RETRY_ON = "bindings[0].delivery.retry_on"
+_WRITTEN = "is written by dispatcher (the CloudEvent, its body or HTTP framing)"
+_PRINTABLE = "must be printable ASCII: no line breaks or control characters"
 _STATUS_OR_CLASS = "must be a status (409) or one of 4xx, 5xx"
 
 
@@ -437,6 +440,55 @@ def test_retry_on_reads_numbers_strings_and_classes() -> None:
     assert settings.bindings[0].delivery.retry_on == (409, 503, "5xx")
     default = settings_from_dict({"bindings": [{**raw, "delivery": {}}]}, {})
     assert default.bindings[0].delivery.retry_on == (404, 408, 409, 429, "5xx")
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ("x", "bindings[0].headers: must be a mapping of header names to values, got 'x'"),
+        (
+            {"bad name": "x"},
+            "bindings[0].headers: 'bad name' is not a header name (RFC 9110 token)",
+        ),
+        ({"ce-id": "x"}, f"bindings[0].headers.ce-id: {_WRITTEN}"),
+        ({"Content-Type": "x"}, f"bindings[0].headers.Content-Type: {_WRITTEN}"),
+        ({"Host": "h"}, f"bindings[0].headers.Host: {_WRITTEN}"),
+        ({"Transfer-Encoding": "chunked"}, f"bindings[0].headers.Transfer-Encoding: {_WRITTEN}"),
+        ({"X-A": "1\r\nX-B: 2"}, f"bindings[0].headers.X-A: {_PRINTABLE}"),
+        ({"X-A": "caf\u00e9"}, f"bindings[0].headers.X-A: {_PRINTABLE}"),
+        ({"X-A": True}, "bindings[0].headers.X-A: must be a string, got true"),
+        (
+            {"X-A": "1", "x-a": "2"},
+            "bindings[0].headers.x-a: is listed twice (header names ignore case)",
+        ),
+    ],
+)
+def test_headers_refuses_what_would_break_or_replace_a_request(headers, message) -> None:
+    assert binding_error(headers=headers) == message
+
+
+def test_an_authorization_header_conflicts_with_basic_auth_in_a_url() -> None:
+    assert binding_error(
+        dead_letter={"sink": "http://u:p@sink/"}, headers={"authorization": "Bearer t"}
+    ) == (
+        "bindings[0].headers.Authorization: conflicts with the user:password@ of a URL of "
+        "this binding (sent as Basic auth)"
+    )
+
+
+def test_check_shows_headers_but_not_secret_ones() -> None:
+    raw = {"name": "b", "queue": "q", "subscriber": "http://h/"}
+    raw["headers"] = {"X-Tenant": "blue", "X-Api-Key": "s3cr3t", "X-Version": 2}
+    settings = settings_from_dict({"bindings": [raw]}, {})
+    assert settings.bindings[0].headers == (
+        ("X-Tenant", "blue"),
+        ("X-Api-Key", "s3cr3t"),
+        ("X-Version", "2"),
+    )
+    rendered = render_effective_config(settings)
+    assert "s3cr3t" not in rendered
+    [binding] = yaml.safe_load(rendered)["bindings"]
+    assert binding["headers"] == {"X-Tenant": "blue", "X-Api-Key": "<redacted>", "X-Version": "2"}
 
 
 def test_unknown_nested_key() -> None:
