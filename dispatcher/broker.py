@@ -86,10 +86,6 @@ class Supervisor:
         self._broker = broker
         # Built once (URL, TLS files): raises here, at start, for a bad CA or key.
         self._params = connection_parameters(broker, "consumer")
-        # Properties pika cannot decode must reach ``_on_message`` as a marker:
-        # raised, they abort the connection and the message comes back first on
-        # the next one, forever (amqp_properties).
-        amqp_properties.install()
         self._metrics = metrics
         self._reconnect = Backoff(
             "exponential",

@@ -7,6 +7,7 @@ from typing import Any
 
 import pika
 
+from dispatcher import amqp_properties
 from dispatcher.config import BrokerSettings
 
 # A connect that takes longer than this is treated as failed and retried
@@ -15,6 +16,11 @@ CONNECT_TIMEOUT = 10.0
 
 
 def connection_parameters(broker: BrokerSettings, role: str) -> pika.URLParameters:
+    # Every connection of ours reads content headers pika cannot decode as a
+    # marker instead of dying on them: the service's consumer, the publisher's
+    # returned messages, and archive draining a dead-letter queue, where such
+    # messages end up (amqp_properties).
+    amqp_properties.install()
     params = pika.URLParameters(broker.url)
     params.heartbeat = round(broker.heartbeat)  # validated: 1 s to the AMQP limit
     params.blocked_connection_timeout = broker.blocked_timeout

@@ -53,7 +53,7 @@ from typing import Any, Final
 import pika
 import pika.exceptions
 
-from dispatcher import events, logs
+from dispatcher import amqp_properties, events, logs
 from dispatcher.broker_params import connection_parameters, virtual_host
 from dispatcher.config import BrokerSettings, redact_url
 from dispatcher.deadletter import with_reason
@@ -80,8 +80,16 @@ class ArchiveResult:
 # --------------------------------------------------------------------- message -> line
 
 
-def read_event(message: AmqpMessage, vhost: str, queue: str) -> Event:
-    """The event as the service reads it; bad input is wrapped with the reason, never raised."""
+def read_event(
+    message: AmqpMessage, vhost: str, queue: str, unreadable: str | None = None
+) -> Event:
+    """The event as the service reads it; bad input is wrapped with the reason, never
+    raised. ``unreadable``: why pika could not decode the properties (``amqp_properties``):
+    then there are none to read, and the body is wrapped with that reason."""
+    if unreadable is not None:
+        return with_reason(
+            events.wrap(message, vhost, queue), f"unreadable AMQP properties: {unreadable}"
+        )
     try:
         event, problem = events.read(message, vhost, queue)
     except Exception as e:  # a mapping bug must not stop the drain or drop the message
@@ -94,10 +102,14 @@ def read_event(message: AmqpMessage, vhost: str, queue: str) -> Event:
 
 
 def to_record(
-    message: AmqpMessage, vhost: str, queue: str, archived_at: dt.datetime
+    message: AmqpMessage,
+    vhost: str,
+    queue: str,
+    archived_at: dt.datetime,
+    unreadable: str | None = None,
 ) -> tuple[str, bytes]:
     """(date folder, archive line without newline) for one message."""
-    event = read_event(message, vhost, queue)
+    event = read_event(message, vhost, queue, unreadable)
     try:
         line = records.to_line(event, archived_at)
     except Exception as e:  # same: archive the raw message rather than stop
@@ -363,7 +375,9 @@ class _Run:
         )
 
     def _record(self, properties: Any, body: bytes) -> tuple[str, bytes]:
-        return to_record(events.amqp_message(body, properties), self.vhost, self.queue, self.now())
+        message = events.amqp_message(body, properties)
+        unreadable = amqp_properties.decode_error(properties)
+        return to_record(message, self.vhost, self.queue, self.now(), unreadable)
 
     def _stop_reason(self, in_batch: int, last_message: float) -> str | None:
         if self.stop.is_set():

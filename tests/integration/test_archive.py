@@ -30,6 +30,7 @@ from dispatcher.pipeline.archive import ArchiveResult, archive
 from tests.support import broker
 from tests.support.broker import event_headers, publish
 from tests.support.proxy import FaultProxy
+from tests.support.raw_amqp import RawPublisher, properties, table, timestamp
 
 pytestmark = pytest.mark.broker
 
@@ -414,6 +415,27 @@ def test_the_command_logs_as_the_config_file_says(queue, tmp_path):
     # At info level the run logs "archive started"; at warning it says only its summary.
     assert "archive started" not in stdout + stderr
     assert stdout.splitlines() == [f"archived 1 event into 1 file under {out} (queue {queue})"]
+
+
+def test_a_message_pika_cannot_decode_is_archived_with_the_reason(queue, tmp_path):
+    """Dead-letter queues are where such messages end up (the queue's own DLX keeps
+    their headers): archive must drain them, not lose its connection on each one."""
+    fill(queue, ["good"])
+    with RawPublisher() as raw:  # year 10000: pika's decode raises ValueError
+        hostile = properties(headers=table([(b"t", timestamp(253402300800))]))
+        assert raw.publish(queue, hostile, b"hostile body") == "ack"
+    out = tmp_path / "archive"
+
+    code, _stdout, stderr = run_cli(
+        "--queue", queue, "--out", str(out), "--idle-exit", "300ms", tmp_path=tmp_path
+    )
+
+    assert code == 0, stderr
+    by_data = {event.data: event for _, event in read_archive(out)}
+    assert by_data[b'{"n":1}'].id == "good"
+    reason = by_data[b"hostile body"].attributes["dispatchererror"]
+    assert reason.startswith("unreadable AMQP properties: ValueError"), reason
+    assert broker.queue_depth(queue) == 0
 
 
 def test_a_missing_queue_exits_2_naming_the_queue(tmp_path):
