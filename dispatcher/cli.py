@@ -200,27 +200,44 @@ def _batch(args: argparse.Namespace) -> int:
     from dispatcher import logs
 
     try:
-        settings = load_batch_settings(args.config, os.environ)
+        # report publishes nothing: a broker setting it cannot use must not stop it.
+        sections = ("logging",) if args.command == "report" else ("broker", "logging")
+        settings = load_batch_settings(args.config, os.environ, sections)
     except ConfigError as e:
         return _error(str(e), EXIT_USAGE)
     logs.configure(settings.logging.level, settings.logging.format)
     job = _job(args.command)
-    on_first = None if args.command == "archive" else _cancel_spark_jobs
-    with Signals(on_first) as signals:
-        try:
-            summary = job(args, settings.broker, signals.requested)
-        except (ConfigError, BatchInputError) as e:
-            return _error(str(e), EXIT_USAGE)
-        except BatchFailed as e:
-            if e.summary:
-                sys.stdout.write(e.summary + "\n")
-            return _error(e.message, EXIT_CRASH)
-        except Exception as e:
-            if signals.requested.is_set():  # the cancelled Spark job's error, most likely
-                return _error(f"{args.command} stopped by a signal before it finished", EXIT_CRASH)
-            logs.get_logger().exception(f"{args.command} crashed")
-            return _error(f"{args.command} crashed: {type(e).__name__}: {e}", EXIT_CRASH)
+    returned = threading.Event()
+    on_first = None if args.command == "archive" else lambda: _cancel_spark_jobs(returned)
+    try:
+        with Signals(on_first) as signals:
+            return _finish(args.command, job, args, settings.broker, signals.requested)
+    finally:
+        returned.set()
+
+
+def _finish(
+    command: str, job: _Job, args: argparse.Namespace, broker: BrokerSettings, stop: threading.Event
+) -> int:
+    """Run ``job`` and write its summary or error: inside the signal block, so a signal
+    meanwhile is still taken by it, never by Python's default handler."""
+    from dispatcher import logs
+
+    try:
+        summary = job(args, broker, stop)
+    except (ConfigError, BatchInputError) as e:
+        return _error(str(e), EXIT_USAGE)
+    except BatchFailed as e:
+        if e.summary:
+            sys.stdout.write(e.summary + "\n")
+        return _error(e.message, EXIT_CRASH)
+    except Exception as e:
+        if stop.is_set():  # the cancelled Spark job's error, most likely
+            return _error(f"{command} stopped by a signal before it finished", EXIT_CRASH)
+        logs.get_logger().exception(f"{command} crashed")
+        return _error(f"{command} crashed: {type(e).__name__}: {e}", EXIT_CRASH)
     sys.stdout.write(summary + "\n")
+    sys.stdout.flush()
     return EXIT_OK
 
 
@@ -239,10 +256,16 @@ def _job(command: str) -> _Job:
     return replay.command
 
 
-def _cancel_spark_jobs() -> None:
+def _cancel_spark_jobs(until: threading.Event) -> None:
+    """The first signal during ``report`` or ``replay``: cancel every Spark job, the
+    running one and any started later (between two actions, or once the JVM is up),
+    until the command returns; its next action fails and it exits 1."""
     from dispatcher.pipeline.spark import cancel_all_jobs
 
-    cancel_all_jobs()
+    while True:
+        cancel_all_jobs()
+        if until.wait(0.2):
+            return
 
 
 def _error(message: str, code: int) -> int:

@@ -222,8 +222,13 @@ def load_settings(path: str | None, environ: Mapping[str, str]) -> Settings:
     return settings_from_dict(raw, environ)
 
 
-def load_batch_settings(path: str | None, environ: Mapping[str, str]) -> BatchSettings:
-    """The ``broker`` and ``logging`` sections alone, for the batch commands.
+def load_batch_settings(
+    path: str | None, environ: Mapping[str, str], sections: tuple[str, ...] = ("broker", "logging")
+) -> BatchSettings:
+    """The ``broker`` and ``logging`` sections alone, for the batch commands: only
+    those of ``sections`` are read and checked (``report`` never connects to a
+    broker, so a broker setting it cannot use must not stop it); the others keep
+    their defaults.
 
     They read the same file as the service when there is one (bindings are not
     needed, so not required), else the defaults; the environment overrides
@@ -233,10 +238,10 @@ def load_batch_settings(path: str | None, environ: Mapping[str, str]) -> BatchSe
     raw: Mapping[str, object] = {}
     if path or named_by != "config" or os.path.exists(resolved):
         raw = _read_yaml(resolved, named_by)
-    sections = {name: raw.get(name) for name in ("broker", "logging")}
-    merged, origins = _apply_env_overrides(sections, environ)
+    merged, origins = _apply_env_overrides({name: raw.get(name) for name in sections}, environ)
+    wanted = {name: merged[name] for name in sections if name in merged}
     with _blaming_variables(origins):
-        return _build(BatchSettings, merged, "")
+        return _build(BatchSettings, wanted, "")
 
 
 def settings_from_dict(

@@ -23,6 +23,7 @@ from dispatcher.config import (
     ShutdownSettings,
     TlsSettings,
     effective_config,
+    load_batch_settings,
     load_settings,
     parse_duration,
     redact_url,
@@ -1072,3 +1073,16 @@ def test_backoff_delay_zero_is_refused() -> None:
     assert binding_error(delivery={"backoff_delay": "0s"}) == (
         "bindings[0].delivery.backoff_delay: must be > 0"
     )
+
+
+def test_batch_settings_check_only_the_sections_a_command_uses(tmp_path) -> None:
+    """report never connects: a broker setting it cannot use must not stop it."""
+    path = tmp_path / "dispatcher.yaml"
+    path.write_text("broker: {tls: {ca_file: /nonexistent/ca.pem}}\nlogging: {level: warning}\n")
+    environ = {"RABBITMQ_URL": "not a url"}
+    only_logging = load_batch_settings(str(path), environ, ("logging",))
+    assert only_logging.logging.level == "warning"
+    assert only_logging.broker == BrokerSettings()
+    with pytest.raises(ConfigError) as caught:
+        load_batch_settings(str(path), environ)
+    assert caught.value.key == "RABBITMQ_URL"
