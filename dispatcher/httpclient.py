@@ -367,7 +367,7 @@ class _Multi:
             # curl starts what was added on its next timeout action: one for all
             # the requests added in this pass of the loop.
             self._kicked = True
-            self._loop.call_soon(self._on_timeout)
+            self._loop.call_soon(self._kick)
 
     def close(self) -> None:
         self._closed = True
@@ -392,9 +392,18 @@ class _Multi:
         )
         self._loop.watch(fd, mask, self._on_ready)
 
-    def _on_timeout(self) -> None:
-        self._timer = None
+    def _kick(self) -> None:
+        """Start what ``add`` handed over. The timer, if one is armed, stays ours:
+        dropping it here without cancelling it left it to fire (and re-arm) on its
+        own, one more live timer per kick under a steady stream of requests."""
         self._kicked = False
+        self._drive_timeout()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._drive_timeout()
+
+    def _drive_timeout(self) -> None:
         if not self._closed:
             self._multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
             self._collect()
@@ -412,7 +421,7 @@ class _Multi:
             return
         if timer is not None:
             timer.cancel()
-        self._timer = self._loop.call_later(ms / 1000.0, self._on_timeout)
+        self._timer = self._loop.call_later(ms / 1000.0, self._on_timer)
 
     def _on_ready(self, fd: int, events: int) -> None:
         if self._closed:

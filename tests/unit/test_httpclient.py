@@ -313,3 +313,41 @@ def test_https_refuses_a_server_its_ca_did_not_sign(http, serve, tls_material):
     response = http(server.url())  # the system's CAs: they never signed the test CA
     assert response.status == -1
     assert response.error is not None and "curl error 60" in response.error
+
+
+def test_a_steady_stream_of_requests_keeps_one_curl_timer(serve):
+    """Invariant 8 (memory bounded): each request added to curl schedules a kick;
+    the kick dropped the armed deadline timer without cancelling it, which then
+    fired and re-armed on its own: one more live timer per kick, growing for as
+    long as requests kept coming (70 to 1,292 in 8 s in the review's run)."""
+    server = serve(lambda _i: [0.05, *ok()])  # each answer after 50 ms
+    loop = Loop()
+    client = HttpClient(loop, 40)
+    target = Endpoint(server.url())
+    live_curl_timers: list[int] = []
+
+    async def sender(start: float) -> None:
+        await loop.sleep(start)
+        for _ in range(15):
+            await client.post(target, request_headers({}), b"{}", 30.0, BOUNDS)
+
+    async def watch() -> None:
+        for _ in range(40):
+            await loop.sleep(0.025)
+            live = [t for _, _, t in loop._timers if not t.cancelled]
+            live_curl_timers.append(
+                sum(1 for t in live if t.callback == client._multis[0]._on_timer)
+            )
+
+    async def main() -> None:
+        tasks = [loop.spawn(sender(i * 0.003)) for i in range(30)]
+        await loop.spawn(watch()).finished
+        for task in tasks:
+            await task.finished
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        client.close()
+        loop.close()
+    assert max(live_curl_timers) <= 1, live_curl_timers
