@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dispatcher import knative
 from dispatcher.config import parse_duration
 from tests.deploy.manifests import (
     CHART,
@@ -37,19 +38,8 @@ from tests.support.helm import run_helm, run_kubectl
 pytestmark = pytest.mark.deploy
 
 DROPIN = PLAIN / "knative-dropin" / "deployment.yaml"
-KNATIVE_VARIABLES = {
-    "QUEUE_NAME",
-    "RABBIT_URL",
-    "SUBSCRIBER",
-    "PARALLELISM",
-    "RETRY",
-    "BACKOFF_POLICY",
-    "BACKOFF_DELAY",
-    "TIMEOUT",
-    "DLX_NAME",
-    "BROKER_INGRESS_URL",
-    "DEAD_LETTER_SINK",
-}
+# Every variable drop-in mode maps (its own table), but the optional CA bundle.
+KNATIVE_VARIABLES = set(knative.ORIGINS.values()) - {"SUBSCRIBER_CACERTS"}
 # Helm's bookkeeping, which plain manifests have no use for.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 HELM_ONLY_ANNOTATIONS = ("checksum/config",)

@@ -25,51 +25,33 @@ Regressions found by such campaigns are pinned with ``@example`` (or in
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from dispatcher import config as config_module
+from dispatcher import knative
 from dispatcher.config import Settings, load_settings, render_effective_config
 from dispatcher.errors import ConfigError
+from tests.support.fuzz import fuzz_settings
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
+FUZZ = fuzz_settings(100, suppress=list(HealthCheck))
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_FILE = (ROOT / "config" / "dispatcher.example.yaml").read_text(encoding="utf-8")
 SUBSCRIBER = "http://127.0.0.1:8080/"
 
-# The variables the loader reads, and Knative drop-in mode's (SUBSCRIBER_CACERTS
-# is left out: it writes a file per start, not a validation matter).
+# The variables the loader reads, and Knative drop-in mode's, from its own table
+# (SUBSCRIBER_CACERTS is left out: each value would leave a CA file in the temp
+# folder, and what it holds is not checked at load).
 OVERRIDES = ("RABBITMQ_URL", "DISPATCHER_LISTEN", "LOG_LEVEL", "LOG_FORMAT")
-KNATIVE = (
-    "QUEUE_NAME",
-    "RABBIT_URL",
-    "RABBITMQ_VHOST",
-    "SUBSCRIBER",
-    "PARALLELISM",
-    "RETRY",
-    "BACKOFF_POLICY",
-    "BACKOFF_DELAY",
-    "TIMEOUT",
-    "DLX_NAME",
-    "BROKER_INGRESS_URL",
-    "DEAD_LETTER_SINK",
-)
+KNATIVE = tuple(sorted({*knative.ORIGINS.values(), "RABBITMQ_VHOST"} - {"SUBSCRIBER_CACERTS"}))
 VARIABLES = frozenset({*OVERRIDES, *KNATIVE, "DISPATCHER_CONFIG", "config"})
 
 
@@ -253,39 +235,52 @@ def _valid_values() -> dict[str, Any]:
 
 
 VALID = _valid_values()
+# Where one value per key name is not enough: the reply's url is an HTTP one.
+VALID_IN: dict[tuple[type, str], Any] = {(config_module.ReplySettings, "url"): "http://reply/"}
+# Keys a valid tree needs although the loader has a default or a rule elsewhere
+# asks for them: at least one binding; delivery_limit only with type: quorum.
+_NEEDED_FOR_VALID = {(Settings, "bindings"), (config_module.DeclareSettings, "type")}
 
 
-def _section(shape: type, draw: st.DrawFn) -> dict[Any, Any]:
-    """A mapping with ``shape``'s keys, each left out, valid, or random junk."""
+def _section(shape: type, draw: st.DrawFn, junk: bool = True) -> dict[Any, Any]:
+    """A mapping with ``shape``'s keys, each left out, valid, or random junk (none
+    with ``junk=False``, and required keys always there: a valid config, but for
+    rules between keys)."""
     hints = get_type_hints(shape, vars(config_module))
     out: dict[Any, Any] = {}
     for f in fields(shape):
-        choice = draw(st.sampled_from(["omit", "valid", "valid", "junk", "nested"]))
+        required = (f.default is MISSING and f.default_factory is MISSING) or (
+            (shape, f.name) in _NEEDED_FOR_VALID
+        )
+        if junk:
+            choice = draw(st.sampled_from(["omit", "valid", "valid", "junk", "nested"]))
+        else:
+            choice = draw(st.sampled_from(["valid", "nested"] + ([] if required else ["omit"])))
         kind = hints[f.name]
         inner = [a for a in getattr(kind, "__args__", (kind,)) if a is not type(None)]
         nested = next((a for a in inner if isinstance(a, type) and is_dataclass(a)), None)
         if choice == "omit":
             continue
         if nested is not None and choice in ("valid", "nested"):
-            one = _section(nested, draw)
+            one = _section(nested, draw, junk)
             is_list = getattr(kind, "__origin__", None) is tuple
             out[f.name] = (
-                [one] + [_section(nested, draw) for _ in range(draw(st.integers(0, 2)))]
+                [one] + [_section(nested, draw, junk) for _ in range(draw(st.integers(0, 2)))]
                 if is_list
                 else one
             )
-        elif choice == "valid" and f.name in VALID:
-            out[f.name] = VALID[f.name]
-        else:
+        elif f.name in VALID and (choice == "valid" or not junk):
+            out[f.name] = VALID_IN.get((shape, f.name), VALID[f.name])
+        elif junk:
             out[f.name] = draw(ANY)
-    if draw(st.integers(0, 9)) == 0:
+    if junk and draw(st.integers(0, 9)) == 0:
         out[draw(st.one_of(TEXT, st.integers(), st.none()))] = draw(ANY)
     return out
 
 
 @st.composite
-def config_trees(draw: st.DrawFn) -> dict[Any, Any]:
-    return _section(Settings, draw)
+def config_trees(draw: st.DrawFn, junk: bool = True) -> dict[Any, Any]:
+    return _section(Settings, draw, junk)
 
 
 # --------------------------------------------------------------------------

@@ -32,13 +32,12 @@ import contextlib
 import datetime as dt
 import decimal
 import json
-import os
 import re
 from types import SimpleNamespace
 from typing import Any
 
 import pika.data
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from dispatcher import events
@@ -47,15 +46,9 @@ from dispatcher.deadletter import Failure, dead_letter_event
 from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.handler import Handler
+from tests.support.fuzz import fuzz_settings
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,  # a slow shared machine must not turn into a flaky test
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz_settings(200, suppress=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MAX_BODY = 64  # a small limit, so that generated bodies reach it on both sides
 PREFIXES = ("ce-", "cloudEvents_", "cloudEvents:", "", "CE-", "CLOUDEVENTS:")
 ATTRIBUTES = (

@@ -9,13 +9,12 @@ flake and a failure reproduces by running the test again.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dispatcher.config import (
@@ -26,15 +25,9 @@ from dispatcher.config import (
     settings_from_dict,
 )
 from dispatcher.errors import ConfigError
+from tests.support.fuzz import fuzz_settings
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
-PROPERTY = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+PROPERTY = fuzz_settings(200)
 
 # Printable text, delimiters included: what a person types into a password
 # field (letters of any script, digits, punctuation, spaces), no control codes.

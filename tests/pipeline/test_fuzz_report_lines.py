@@ -27,62 +27,42 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 from dispatcher.pipeline.report import OUTCOMES, STRING_FIELDS, classify
+from tests.support.fuzz import examples, fuzz_settings
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    # No shrinking: each step is a Spark job (minutes in all), and the assertion
-    # already names the offending line of the batch.
-    phases=(Phase.explicit, Phase.generate),
-    suppress_health_check=[
+EXAMPLES = examples(40)
+FUZZ = fuzz_settings(
+    40,
+    suppress=[
         HealthCheck.too_slow,
         HealthCheck.data_too_large,
         HealthCheck.function_scoped_fixture,
     ],
+    # No shrinking: each step is a Spark job (minutes in all), and the assertion
+    # already names the offending line of the batch.
+    phases=(Phase.explicit, Phase.generate),
 )
 KINDS = {"record", "not_delivery", "malformed"}
 FIELDS = ("event", *STRING_FIELDS, "attempts", "status", "duration_ms")
 LINES_TRIED = 0  # reported by the campaign (pytest -s)
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """The active session if another test module started one, else one of our own."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    session = active or (
-        SparkSession.builder.master("local[2]")
-        .appName("dispatcher-fuzz")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    if active is None:
-        session.stop()
+@pytest.fixture(scope="module", autouse=True)
+def _campaign_figure() -> Iterator[None]:
+    """The session is tests/pipeline's (``spark``, with its Java); a long campaign
+    (``FUZZ_EXAMPLES``) says how many lines it tried."""
+    yield
     if EXAMPLES > 40:
         print(f"\nreport lines tried: {LINES_TRIED}")
 
