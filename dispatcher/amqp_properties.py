@@ -31,6 +31,8 @@ from typing import Any
 
 from pika import spec
 
+from dispatcher.events import Unreadable
+
 
 class TolerantBasicProperties(spec.BasicProperties):  # type: ignore[misc]  # pika is untyped
     """pika's ``BasicProperties``, except that a decode failure is kept, not raised."""
@@ -57,6 +59,12 @@ class TolerantBasicProperties(spec.BasicProperties):  # type: ignore[misc]  # pi
 def install() -> None:
     """Make pika decode every content header with ``TolerantBasicProperties`` (idempotent)."""
     spec.props[spec.BasicProperties.INDEX] = TolerantBasicProperties
+
+
+def unreadable(properties: Any) -> Unreadable | None:
+    """What pika could not decode in ``properties`` and its bytes, or None when it could."""
+    error = decode_error(properties)
+    return None if error is None else Unreadable(error, properties.encoded)
 
 
 def decode_error(properties: Any) -> str | None:

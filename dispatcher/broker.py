@@ -48,8 +48,8 @@ from dispatcher import amqp_properties
 from dispatcher.broker_params import connection_parameters, release
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.engine import Verdict
-from dispatcher.events import AmqpMessage, amqp_message
-from dispatcher.handler import Action, Received, Unreadable
+from dispatcher.events import AmqpMessage, Unreadable, amqp_message
+from dispatcher.handler import Action, Received
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff
@@ -348,15 +348,13 @@ class Supervisor:
         b.in_flight += 1
         b.current += 1
         tag = method.delivery_tag
-        unreadable: Unreadable | None = None
-        error = amqp_properties.decode_error(props)
-        if error is not None:
-            unreadable = Unreadable(error, props.encoded)
+        unreadable = amqp_properties.unreadable(props)
+        if unreadable is not None:
             log.warning(
                 "message properties pika could not decode: it will be dead-lettered",
                 binding=b.settings.name,
                 delivery_tag=tag,
-                error=error,
+                error=unreadable.error,
             )
         try:
             message = amqp_message(body, props)

@@ -468,6 +468,33 @@ def wrap(message: AmqpMessage, vhost: str, queue: str) -> Event:
     return Event(attributes, message.body)
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """Why the properties of a message could not be read, and their bytes as received."""
+
+    error: str
+    properties: bytes
+
+
+def wrap_unreadable(message: AmqpMessage, vhost: str, queue: str, properties: bytes) -> Event:
+    """A message whose properties pika could not decode (``amqp_properties``): its
+    body wrapped, with an id that digests the property bytes as received as well as
+    the body (``wrap``'s digest would see no properties at all), so two hostile
+    messages with one body stay two events and a redelivery keeps its id. The
+    service's dead letter and archive's line of the same message share it."""
+    digest = hashlib.sha256()
+    for part in (queue.encode(), properties, message.body):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    wrapped = wrap(message, vhost, queue)
+    return Event({**wrapped.attributes, "id": digest.hexdigest()}, wrapped.data)
+
+
+def unreadable_reason(error: str) -> str:
+    """The dead-letter reason of such a message, the same in the service and archive."""
+    return f"unreadable AMQP properties: {error}"
+
+
 def stable_digest(message: AmqpMessage, queue: str) -> str:
     headers = {
         k: v for k, v in (message.headers or {}).items() if k.lower() not in _VOLATILE_HEADERS

@@ -28,7 +28,6 @@ Every final outcome writes exactly one ``event: "delivery"`` log line.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -39,7 +38,7 @@ from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim, DedupeStore
 from dispatcher.delivery import HttpTarget, Result
 from dispatcher.errors import EventError
-from dispatcher.events import AmqpMessage, Event
+from dispatcher.events import AmqpMessage, Event, Unreadable
 from dispatcher.httpclient import Response
 from dispatcher.logs import get_logger
 from dispatcher.loop import Waits
@@ -55,14 +54,6 @@ class Action(Enum):
     REQUEUE = "requeue"  # basic.nack requeue=True
     REJECT = "reject"  # basic.reject requeue=False: the queue's own dead-letter exchange takes it
     LEAVE = "leave"  # settle nothing; the broker redelivers when the channel closes
-
-
-@dataclass(frozen=True, slots=True)
-class Unreadable:
-    """Why the properties of a message could not be read, and their bytes as received."""
-
-    error: str
-    properties: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +189,10 @@ class Handler:
         digest would see no properties at all): two different hostile messages
         with one body stay two events, and a redelivery keeps its id.
         """
-        digest = hashlib.sha256()
-        for part in (self._binding.queue.encode(), unreadable.properties, message.body):
-            digest.update(len(part).to_bytes(8, "big"))
-            digest.update(part)
-        wrapped = self._wrapped(message)
-        event = Event({**wrapped.attributes, "id": digest.hexdigest()}, wrapped.data)
-        return event, f"unreadable AMQP properties: {unreadable.error}"
+        event = events.wrap_unreadable(
+            message, self._vhost, self._binding.queue, unreadable.properties
+        )
+        return event, events.unreadable_reason(unreadable.error)
 
     def _wrapped(self, message: AmqpMessage) -> Event:
         return events.wrap(message, self._vhost, self._binding.queue)

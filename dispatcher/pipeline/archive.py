@@ -58,7 +58,7 @@ from dispatcher.broker_params import connection_parameters, virtual_host
 from dispatcher.config import BrokerSettings, redact_url
 from dispatcher.deadletter import with_reason
 from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError
-from dispatcher.events import AmqpMessage, Event
+from dispatcher.events import AmqpMessage, Event, Unreadable
 from dispatcher.pipeline import records
 
 # A partial batch is written once its oldest message has waited this long.
@@ -81,15 +81,14 @@ class ArchiveResult:
 
 
 def read_event(
-    message: AmqpMessage, vhost: str, queue: str, unreadable: str | None = None
+    message: AmqpMessage, vhost: str, queue: str, unreadable: Unreadable | None = None
 ) -> Event:
     """The event as the service reads it; bad input is wrapped with the reason, never
-    raised. ``unreadable``: why pika could not decode the properties (``amqp_properties``):
-    then there are none to read, and the body is wrapped with that reason."""
+    raised. ``unreadable``: pika could not decode the properties (``amqp_properties``):
+    the body is wrapped as the service dead-letters such a message."""
     if unreadable is not None:
-        return with_reason(
-            events.wrap(message, vhost, queue), f"unreadable AMQP properties: {unreadable}"
-        )
+        event = events.wrap_unreadable(message, vhost, queue, unreadable.properties)
+        return with_reason(event, events.unreadable_reason(unreadable.error))
     try:
         event, problem = events.read(message, vhost, queue)
     except Exception as e:  # a mapping bug must not stop the drain or drop the message
@@ -106,7 +105,7 @@ def to_record(
     vhost: str,
     queue: str,
     archived_at: dt.datetime,
-    unreadable: str | None = None,
+    unreadable: Unreadable | None = None,
 ) -> tuple[str, bytes]:
     """(date folder, archive line without newline) for one message."""
     event = read_event(message, vhost, queue, unreadable)
@@ -376,8 +375,9 @@ class _Run:
 
     def _record(self, properties: Any, body: bytes) -> tuple[str, bytes]:
         message = events.amqp_message(body, properties)
-        unreadable = amqp_properties.decode_error(properties)
-        return to_record(message, self.vhost, self.queue, self.now(), unreadable)
+        return to_record(
+            message, self.vhost, self.queue, self.now(), amqp_properties.unreadable(properties)
+        )
 
     def _stop_reason(self, in_batch: int, last_message: float) -> str | None:
         if self.stop.is_set():
