@@ -40,6 +40,7 @@ arguments), so drop-in mode never declares it. A bad value is a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -123,29 +124,53 @@ def _pem_file(pem: str) -> str:
     certificates finds it there, so restarts leave no file behind each time, and
     processes sharing it never see it removed or half written (it is renamed
     into place)."""
+    try:
+        data = pem.encode()
+    except UnicodeError:  # undecodable bytes in the environment arrive as surrogates
+        raise ConfigError("SUBSCRIBER_CACERTS", "is not UTF-8 text") from None
     folder = os.path.join(tempfile.gettempdir(), f"dispatcher-{os.getuid()}")
+    path = os.path.join(folder, f"subscriber-ca-{hashlib.sha256(data).hexdigest()[:32]}.pem")
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         _check_private(folder)
-        digest = hashlib.sha256(pem.encode()).hexdigest()[:32]
-        path = os.path.join(folder, f"subscriber-ca-{digest}.pem")
-        if not os.path.isfile(path):
-            handle, staged = tempfile.mkstemp(dir=folder, suffix=".tmp")
-            with os.fdopen(handle, "w") as stream:
-                stream.write(pem)
-            os.replace(staged, path)
+        if not _holds(path, data):
+            _write_whole(folder, path, data)
     except OSError as e:
         raise ConfigError("SUBSCRIBER_CACERTS", f"cannot write it to a file: {e}") from e
     return path
 
 
+def _holds(path: str, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as stream:
+            return stream.read() == data
+    except FileNotFoundError:
+        return False
+
+
+def _write_whole(folder: str, path: str, data: bytes) -> None:
+    """Written under a temporary name, synced, renamed: never seen half written."""
+    handle, staged = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
+
+
 def _check_private(folder: str) -> None:
-    """Someone else's folder (or a link to one) at our name could swap the file."""
+    """Someone else's folder (or a link to one) at our name, or one others may write
+    in, could swap the file. (Reading is harmless: CA certificates are public.)"""
     status = os.lstat(folder)
     if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid():
         raise OSError(f"{folder} is not a folder of this user's")
-    if status.st_mode & 0o077:
-        raise OSError(f"{folder} is open to other users (mode {status.st_mode & 0o777:o})")
+    if status.st_mode & 0o022:
+        raise OSError(f"{folder} is writable by other users (mode {status.st_mode & 0o777:o})")
 
 
 def _uncapped(delivery: dict[str, Any]) -> float:

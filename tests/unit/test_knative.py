@@ -146,9 +146,26 @@ def test_certificates_are_not_written_into_a_folder_others_can_change(tmp_path, 
     shared = tmp_path / f"dispatcher-{os.getuid()}"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    with pytest.raises(ConfigError, match=r"SUBSCRIBER_CACERTS: .*open to other users"):
+    with pytest.raises(ConfigError, match=r"SUBSCRIBER_CACERTS: .*writable by other users"):
         load(tmp_path, monkeypatch, SUBSCRIBER_CACERTS="pem")
     assert list(shared.iterdir()) == []
+
+
+def test_a_damaged_certificate_file_is_written_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pem = "-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n"
+    path = Path(load(tmp_path, monkeypatch, SUBSCRIBER_CACERTS=pem).bindings[0].tls.ca_file)
+    path.write_text(pem[:10])  # cut short, as a crash mid-write elsewhere could leave it
+    assert load(tmp_path, monkeypatch, SUBSCRIBER_CACERTS=pem).bindings[0].tls.ca_file == str(path)
+    assert path.read_text() == pem
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+def test_certificates_that_are_not_text_are_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    undecodable = b"\xff\xfe".decode("utf-8", "surrogateescape")  # as os.environ holds it
+    with pytest.raises(ConfigError, match="SUBSCRIBER_CACERTS: is not UTF-8 text"):
+        load(tmp_path, monkeypatch, SUBSCRIBER_CACERTS=undecodable)
 
 
 def test_vhost_applies_to_the_rabbitmq_url_override_too(tmp_path, monkeypatch):
