@@ -57,10 +57,8 @@ class HttpTarget:
         observe: AttemptObserver | None = None,
         max_response_bytes: int = 8 * 1024 * 1024,
         read_reply: bool = False,
-        backoff: Backoff | None = None,
         extra_headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        self.url = endpoint.url
         self._endpoint = endpoint
         self._client = client
         self._delivery = delivery
@@ -72,7 +70,7 @@ class HttpTarget:
         self._reading = Reading(min(keep, max_response_bytes), max_response_bytes, read_reply)
         self._retried = retried_statuses(delivery.retry_on)
         self._extra_headers = [f"{name}: {value}" for name, value in extra_headers]
-        self._backoff = backoff or Backoff(
+        self._backoff = Backoff(
             delivery.backoff_policy, delivery.backoff_delay, delivery.backoff_max
         )
 

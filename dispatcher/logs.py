@@ -78,7 +78,7 @@ def configure(level: str = "info", fmt: str = "json") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        # PrintLogger flushes every line and writes to the current sys.stdout.
+        # Each line one write under one lock, to the current sys.stdout (write_lines).
         logger_factory=_line_logger,
         cache_logger_on_first_use=False,
     )
@@ -104,8 +104,8 @@ class DeliveryLines:
     counter: whoever waits on the counter can rely on the line); ``flush``
     renders and writes every kept line, then runs those. The lines of one
     batch share the timestamp of their writing (one loop iteration: within a
-    millisecond of each outcome). Below info level, or in console format,
-    lines go through structlog at once.
+    millisecond of each outcome). When the level is above info (structlog then
+    drops the line) or the format is console, lines go through structlog at once.
     """
 
     def __init__(self) -> None:
@@ -129,14 +129,14 @@ class DeliveryLines:
             return
         lines, then = self._lines, self._then
         self._lines, self._then = [], []
-        if lines:
-            timestamp = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
-            encode = _ENCODER.encode
-            parts = []
-            for line in lines:
-                line["timestamp"] = timestamp
-                parts.append(encode(line))
-            parts.append("")
-            write_lines("\n".join(parts))
+        # Lines and callbacks are kept together: some of both, never one alone.
+        timestamp = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
+        encode = _ENCODER.encode
+        parts = []
+        for line in lines:
+            line["timestamp"] = timestamp
+            parts.append(encode(line))
+        parts.append("")
+        write_lines("\n".join(parts))
         for callback in then:
             callback()
