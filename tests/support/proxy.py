@@ -56,6 +56,9 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(OSError):
+            # close() alone leaves a thread blocked in accept() accepting.
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self.reset_all()
 

@@ -14,7 +14,6 @@ import contextlib
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,6 +64,10 @@ class RawServer:
 
     def close(self) -> None:
         self._closed.set()
+        with contextlib.suppress(OSError):
+            # close() alone does not wake a thread blocked in accept(): the port
+            # would go on accepting. shutdown() does.
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
 
@@ -141,11 +144,3 @@ def drip(data: bytes, every: float) -> list[Step]:
     for byte in data:
         steps += [bytes([byte]), every]
     return steps
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
