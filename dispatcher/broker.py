@@ -45,21 +45,19 @@ import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
 from dispatcher import amqp_properties
-from dispatcher.broker_params import connection_parameters, release
+from dispatcher.broker_params import connection_parameters, reconnect_backoff, release
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.engine import Verdict
 from dispatcher.events import AmqpMessage, Unreadable, amqp_message
 from dispatcher.handler import Action, Received
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
-from dispatcher.retry import Backoff
 
 log = get_logger()
 
 _TICK = 1.0  # the loop proves it is alive this often (for /healthz)
 # Reconnect waits are scaled by a random factor in [0.5, 1.5]: wider than the
 # retry jitter, because after a broker restart every client reconnects at once.
-_RECONNECT_JITTER = 0.5
 
 
 @dataclass(slots=True)
@@ -87,13 +85,7 @@ class Supervisor:
         # Built once (URL, TLS files): raises here, at start, for a bad CA or key.
         self._params = connection_parameters(broker, "consumer")
         self._metrics = metrics
-        self._reconnect = Backoff(
-            "exponential",
-            broker.reconnect.initial_delay,
-            broker.reconnect.max_delay,
-            rng=rng,
-            jitter=_RECONNECT_JITTER,
-        )
+        self._reconnect = reconnect_backoff(broker, rng)
         self._bindings: dict[str, _Binding] = {}
         self._generations = itertools.count(1)
         self._lock = threading.Lock()

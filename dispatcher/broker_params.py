@@ -3,12 +3,15 @@ and the teardown every ``SelectConnection`` owner needs."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from typing import Any
 
 import pika
 
 from dispatcher import amqp_properties
 from dispatcher.config import BrokerSettings
+from dispatcher.retry import Backoff
 
 # A connect that takes longer than this is treated as failed and retried
 # with backoff; without it a black-holed SYN would stall the supervisor.
@@ -31,6 +34,22 @@ def connection_parameters(broker: BrokerSettings, role: str) -> pika.URLParamete
     if params.ssl_options is not None or broker.url.startswith("amqps://"):
         params.ssl_options = pika.SSLOptions(broker.tls.context(), params.host)
     return params
+
+
+# Connects of many dispatchers after one outage must not arrive in lock-step.
+RECONNECT_JITTER = 0.5
+
+
+def reconnect_backoff(broker: BrokerSettings, rng: Callable[[], float] = random.random) -> Backoff:
+    """``broker.reconnect`` as the wait before each new connection, for every
+    connection of the service (the consumer's and the publisher's)."""
+    return Backoff(
+        "exponential",
+        broker.reconnect.initial_delay,
+        broker.reconnect.max_delay,
+        rng=rng,
+        jitter=RECONNECT_JITTER,
+    )
 
 
 def virtual_host(broker: BrokerSettings) -> str:

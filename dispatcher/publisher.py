@@ -34,7 +34,6 @@ Messages are ``mandatory``: an event routed nowhere was accepted by no one.
 from __future__ import annotations
 
 import contextlib
-import random
 import threading
 import time
 from collections import deque
@@ -49,7 +48,7 @@ from pika.adapters.select_connection import SelectConnection
 from pika.spec import Basic
 
 from dispatcher import events
-from dispatcher.broker_params import connection_parameters, release
+from dispatcher.broker_params import connection_parameters, reconnect_backoff, release
 from dispatcher.config import BrokerSettings
 from dispatcher.confirm_window import ConfirmWindow
 from dispatcher.events import Event
@@ -59,7 +58,6 @@ from dispatcher.retry import Backoff
 
 log = get_logger()
 
-_RECONNECT: Final = Backoff("exponential", 0.2, 10.0, rng=random.random, jitter=0.5)
 _REOPEN_CHANNEL: Final = Backoff("exponential", 0.05, 5.0)
 _CLOSE_BOUND: Final = 3.0
 _PROBE_INTERVAL: Final = 5.0
@@ -92,6 +90,7 @@ class Publisher:
     ) -> None:
         # Built once: URL parsing and TLS files are not re-read on every reconnect.
         self._params = connection_parameters(broker, "publisher")
+        self._reconnect = reconnect_backoff(broker)
         self._loop = loop
         self._on_blocked = on_blocked or (lambda _blocked: None)
         self._clock = clock
@@ -191,7 +190,7 @@ class Publisher:
             if self._stopping.is_set():
                 break
             failures = 0 if opened else failures + 1
-            delay = _RECONNECT.wait(failures)
+            delay = self._reconnect.wait(failures)
             log.warning("publisher disconnected", retry_in_s=round(delay, 3))
             self._stopping.wait(delay)
 

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from dispatcher.broker_params import connection_parameters, virtual_host
 from dispatcher.config import BrokerSettings
+from dispatcher.loop import Loop
+from dispatcher.publisher import Publisher
 
 
 def test_parameters_from_settings():
@@ -29,3 +31,19 @@ def test_amqps_gets_tls_and_the_heartbeat_beats_a_url_query():
 
 def test_virtual_host():
     assert virtual_host(BrokerSettings(url="amqp://g:g@localhost:5672/%2F")) == "/"
+
+
+def test_every_connection_waits_as_broker_reconnect_says():
+    """The publisher hard-coded 0.2 s to 10 s; broker.reconnect covers every connection."""
+    from dispatcher.broker_params import reconnect_backoff
+    from dispatcher.config import ReconnectSettings
+
+    broker = BrokerSettings(reconnect=ReconnectSettings(initial_delay=1.0, max_delay=4.0))
+    backoff = reconnect_backoff(broker, rng=lambda: 0.5)  # the jitter's midpoint
+    assert [backoff.wait(n) for n in range(4)] == [1.0, 2.0, 4.0, 4.0]
+    loop = Loop()
+    try:
+        publisher = Publisher(broker, loop)  # connects only once started
+        assert publisher._reconnect == reconnect_backoff(broker, publisher._reconnect.rng)
+    finally:
+        loop.close()
