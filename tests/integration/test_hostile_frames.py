@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
+from pika import spec
 
 from dispatcher import amqp_properties
 from dispatcher.metrics import RECONNECT_REASONS
@@ -47,7 +48,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
 GOOD = 5
 
-# Each one the broker acks and pika fails to decode (checked by test_the_broker_forwards_it).
+# Each one the broker acks (publish_hostile checks) and pika fails to decode
+# (test_pika_itself_cannot_decode_them).
 HOSTILE_HEADERS = {
     # OverflowError: timestamp out of range for platform time_t
     "timestamp-past-time_t": table(
@@ -78,6 +80,15 @@ def stop(svc: Any) -> None:
     """Stop the service: what it left unacked goes back to the queue, where a test sees it."""
     svc.service.request_stop()
     svc.service.shutdown()
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_HEADERS))
+def test_pika_itself_cannot_decode_them(name: str) -> None:
+    """Without this, a shape pika learned to decode would make the tests below
+    pass without ever meeting an undecodable message."""
+    encoded = properties(headers=HOSTILE_HEADERS[name])
+    with pytest.raises((OverflowError, ValueError, RecursionError)):
+        spec.BasicProperties().decode(encoded)
 
 
 @pytest.mark.parametrize("headers", HOSTILE_HEADERS.values(), ids=HOSTILE_HEADERS.keys())
