@@ -1,0 +1,118 @@
+"""``auth.bearer_token_file``: a token kept current from a file, sent as a header.
+
+Kubernetes projects a service-account token into a file and rotates it about
+every hour; a dispatcher that runs for weeks must follow without a restart,
+and without reading the file for every request (thousands a second).
+
+So each request stats the file (a few microseconds, no read) and reads it only
+when its identity changed: device, inode, size, modification and change
+times. Kubernetes rotates by swapping a symlink, which changes the inode. A
+file rewritten in place within the filesystem's timestamp granularity (a few
+milliseconds) could keep every one of those, so a file modified less than
+``RACY_SECONDS`` before it was read is read again by the next request, until
+it has settled: git's rule for "racily clean" files.
+
+The file is read at start, by the configuration (missing, empty or not a
+header value: a ``ConfigError``). If it later disappears, empties or holds
+junk, the last good token stays in use: one warning says so, and one info
+line says when a good token is read again.
+
+A ``BearerToken`` is used by the engine's loop thread only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Final
+
+from dispatcher.logs import get_logger
+
+log = get_logger()
+
+RACY_SECONDS: Final = 2.0
+MAX_TOKEN_BYTES: Final = 64 * 1024
+# What an HTTP header value can carry (visible ASCII and inner spaces); a JWT
+# is far narrower, but an opaque token is the issuer's business.
+_TOKEN: Final = re.compile(r"[!-~]([ -~]*[!-~])?")
+
+_Signature = tuple[int, int, int, int, int]
+
+
+class TokenFileError(Exception):
+    """The token file cannot give a token; ``str()`` says why (never the token)."""
+
+
+def read_token(path: str) -> str:
+    """The token in ``path``, surrounding whitespace (a trailing newline) removed."""
+    return _read(path)[0]
+
+
+def _read(path: str) -> tuple[str, os.stat_result]:
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            raw = f.read(MAX_TOKEN_BYTES + 1)
+    except OSError as e:
+        raise TokenFileError(e.strerror or type(e).__name__) from e
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise TokenFileError(f"larger than {MAX_TOKEN_BYTES} bytes")
+    token = raw.strip().decode("ascii", errors="replace")
+    if not token:
+        raise TokenFileError("empty")
+    if not _TOKEN.fullmatch(token):
+        raise TokenFileError("holds characters an HTTP header cannot carry")
+    return token, st
+
+
+def _signature(st: os.stat_result) -> _Signature:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class BearerToken:
+    """``header()``: the ``Authorization: Bearer`` line with the file's current token."""
+
+    def __init__(self, path: str, binding: str, clock: Callable[[], float] = time.time) -> None:
+        self._path = path
+        self._clock = clock  # wall clock: it is compared with file times
+        self._log = log.bind(binding=binding, path=path)
+        self._failing = False
+        self._header = ""
+        self._signature: _Signature | None = None
+        self._accept(*_read(path))  # a TokenFileError here: the caller's config error
+
+    def header(self) -> str:
+        try:
+            current = _signature(os.stat(self._path))
+        except OSError as e:
+            self._failed(e.strerror or type(e).__name__)
+            return self._header
+        if current != self._signature:
+            self._load()
+        return self._header
+
+    def _load(self) -> None:
+        try:
+            token, st = _read(self._path)
+        except TokenFileError as e:
+            self._failed(str(e))
+            return
+        self._accept(token, st)
+
+    def _accept(self, token: str, st: os.stat_result) -> None:
+        self._header = f"Authorization: Bearer {token}"
+        # Modified just now: a rewrite within the timestamp granularity could follow
+        # unseen, so leave the signature unknown and read again next time.
+        racy = self._clock() - st.st_mtime_ns / 1e9 < RACY_SECONDS
+        self._signature = None if racy else _signature(st)
+        if self._failing:
+            self._failing = False
+            self._log.info("bearer token file readable again")
+
+    def _failed(self, reason: str) -> None:
+        self._signature = None
+        if not self._failing:
+            self._log.warning("bearer token file unreadable; keeping the last token", error=reason)
+        self._failing = True
