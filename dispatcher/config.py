@@ -25,12 +25,13 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 import pika
 import yaml
 
+from dispatcher.bearer import TokenFileError, read_token
 from dispatcher.errors import ConfigError
 from dispatcher.retry import DEFAULT_RETRY_ON, RETRY_CLASSES
 
@@ -143,6 +144,44 @@ class ReplySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthSettings:
+    # ``Authorization: Bearer <token>`` on every request of the binding, the
+    # token kept current from this file (``dispatcher.bearer``).
+    bearer_token_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttributesFilter:
+    """``filter``: Knative's Trigger filter. Every listed attribute equals its value;
+    ``""`` means the attribute is present (and not empty). None listed: no filter."""
+
+    attributes: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "mapping"})
+
+
+MatchDialect = Literal["exact", "prefix", "suffix"]
+NestingDialect = Literal["all", "any", "not"]
+
+
+@dataclass(frozen=True, slots=True)
+class MatchFilter:
+    """One ``filters`` entry comparing attributes: every one listed must match."""
+
+    dialect: MatchDialect
+    attributes: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NestingFilter:
+    """One ``filters`` entry combining others (``not`` holds exactly one)."""
+
+    dialect: NestingDialect
+    filters: tuple[FilterEntry, ...]
+
+
+FilterEntry = MatchFilter | NestingFilter
+
+
+@dataclass(frozen=True, slots=True)
 class BindingSettings:
     name: str
     queue: str
@@ -155,9 +194,14 @@ class BindingSettings:
     # more than one message in flight a retry would overtake its successors.
     ordered: bool = False
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
     # Extra request headers, (name, value) in the file's order: every request of
     # the binding (subscriber, dead-letter sink, reply URL) carries them.
     headers: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "headers"})
+    # Events that do not pass are acked unsent (``dispatcher.filters``); when
+    # both are set, ``filters`` wins, as in Knative.
+    filter: AttributesFilter | None = None
+    filters: tuple[FilterEntry, ...] = field(default=(), metadata={"render": "filters"})
     dedupe_window: float = field(default=600.0, metadata=_DURATION)
     dead_letter: DeadLetterSettings = field(default_factory=DeadLetterSettings)
     reply: ReplySettings = field(default_factory=ReplySettings)
@@ -418,14 +462,28 @@ def _check_delivery(delivery: Any, s: _Section) -> None:
 
 
 def _check_binding(binding: Any, s: _Section) -> None:
-    # A URL's user:password@ is sent as Basic auth; a header of the same name
-    # would replace it without a word.
+    """One source of ``Authorization`` per binding: a URL's ``user:password@`` (Basic),
+    ``auth`` (Bearer) or ``headers``; two would replace each other without a word."""
+    urls = {
+        "subscriber": binding.subscriber,
+        "dead_letter.sink": binding.dead_letter.sink,
+        "reply.url": binding.reply.url,
+    }
+    with_userinfo = [key for key, url in urls.items() if url and urlsplit(url).username is not None]
+    if binding.auth.bearer_token_file is not None and with_userinfo:
+        raise ConfigError(
+            s.sub("auth.bearer_token_file"),
+            f"conflicts with the user:password@ of {with_userinfo[0]} (sent as Basic auth)",
+        )
     if any(name.lower() == "authorization" for name, _ in binding.headers):
-        urls = (binding.subscriber, binding.dead_letter.sink, binding.reply.url)
-        if any(url and urlsplit(url).username is not None for url in urls):
+        if binding.auth.bearer_token_file is not None:
             raise ConfigError(
-                f"{s.key}.headers.Authorization",
-                "conflicts with the user:password@ of a URL of this binding (sent as Basic auth)",
+                s.sub("headers.Authorization"), "conflicts with auth.bearer_token_file"
+            )
+        if with_userinfo:
+            raise ConfigError(
+                s.sub("headers.Authorization"),
+                f"conflicts with the user:password@ of {with_userinfo[0]} (sent as Basic auth)",
             )
 
 
@@ -612,6 +670,83 @@ def _headers(value: object, key: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+# Knative's rule for attribute names in Trigger filters.
+_ATTRIBUTE_NAME: Final = re.compile(r"[a-z][a-z0-9]*")
+_MATCH_DIALECTS: Final[tuple[str, ...]] = get_args(MatchDialect)
+_NESTING_DIALECTS: Final[tuple[str, ...]] = get_args(NestingDialect)
+
+
+def _filter_attributes(
+    value: object, key: str, *, allow_empty: bool = True
+) -> tuple[tuple[str, str], ...]:
+    """A mapping of CloudEvents attribute names (extensions included) to strings."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            key, f"must be a mapping of attribute names to values, got {_show(value)}"
+        )
+    pairs: list[tuple[str, str]] = []
+    for name, text in value.items():
+        if not isinstance(name, str) or not _ATTRIBUTE_NAME.fullmatch(name):
+            raise ConfigError(
+                key,
+                f"{_show(name)} is not an attribute name "
+                "(a lower-case letter, then lower-case letters and digits)",
+            )
+        if not isinstance(text, str):
+            raise ConfigError(f"{key}.{name}", f"must be a string (quote it), got {_show(text)}")
+        if not text and not allow_empty:
+            raise ConfigError(
+                f"{key}.{name}",
+                "must not be empty (Knative skips such a filter; to require that an attribute "
+                'exists, use filter.attributes with the value "")',
+            )
+        pairs.append((name, text))
+    return tuple(pairs)
+
+
+def _filters(value: object, key: str) -> tuple[FilterEntry, ...]:
+    """``filters``: Knative's newer Trigger filters, a list that must all pass."""
+    return _filter_list(value, key)
+
+
+def _filter_list(value: object, key: str) -> tuple[FilterEntry, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(key, f"must be a list of filters, got {_show(value)}")
+    return tuple(_filter_entry(item, f"{key}[{index}]") for index, item in enumerate(value))
+
+
+def _filter_entry(value: object, key: str) -> FilterEntry:
+    entry = _mapping(value, key)
+    if "cesql" in entry:
+        raise ConfigError(
+            f"{key}.cesql",
+            "CESQL is not supported; use exact, prefix, suffix, all, any or not",
+        )
+    dialects = [*_MATCH_DIALECTS, *_NESTING_DIALECTS]
+    unknown = [name for name in entry if name not in dialects]
+    if unknown:
+        raise ConfigError(
+            f"{key}.{_written(unknown[0])}",
+            f"unknown filter dialect (expected one of: {', '.join(dialects)})",
+        )
+    if len(entry) != 1:
+        found = " and ".join(entry) if entry else "none"
+        raise ConfigError(key, f"a filter has exactly one dialect, found {found}")
+    [(dialect, body)] = entry.items()
+    where = f"{key}.{dialect}"
+    if dialect in _MATCH_DIALECTS:
+        attributes = _filter_attributes(body, where, allow_empty=False)
+        if not attributes:
+            raise ConfigError(where, "must name at least one attribute")
+        return MatchFilter(dialect, attributes)  # type: ignore[arg-type]
+    if dialect == "not":
+        return NestingFilter("not", (_filter_entry(body, where),))
+    nested = _filter_list(body, where)
+    if not nested:
+        raise ConfigError(where, "must list at least one filter")
+    return NestingFilter(dialect, nested)  # type: ignore[arg-type]
+
+
 def _int_at_least(minimum: int) -> Callable[[object, str], int]:
     def parse(value: object, key: str) -> int:
         number = _int(value, key)
@@ -663,6 +798,15 @@ def _queue_name(value: object, key: str) -> str:
     if len(name.encode("utf-8")) > 255:  # AMQP 0-9-1 shortstr limit
         raise ConfigError(key, "must be at most 255 bytes")
     return name
+
+
+def _token_file(value: object, key: str) -> str:
+    path = _existing_file(value, key)
+    try:
+        read_token(path)  # what the service will send: refused now, not per request
+    except TokenFileError as e:
+        raise ConfigError(key, f"no token in {path}: {e}") from e
+    return path
 
 
 def _existing_file(value: object, key: str) -> str:
@@ -1125,6 +1269,45 @@ def _url_rule(parse: Callable[[object, str], str], *schemes: str) -> Rule:
 
 
 _FILE: Final = Rule(_existing_file, {"type": "string", "minLength": 1})
+
+
+def _attributes_schema(*, non_empty: bool) -> JsonSchema:
+    value: JsonSchema = {"type": "string", "minLength": 1} if non_empty else {"type": "string"}
+    schema: JsonSchema = {
+        "type": "object",
+        "propertyNames": {"pattern": f"^{_ATTRIBUTE_NAME.pattern}$"},
+        "additionalProperties": value,
+    }
+    return {**schema, "minProperties": 1} if non_empty else schema
+
+
+# JSON Schema without references cannot recurse: the schema checks this many
+# levels of all/any/not, and the service checks any deeper ones at start.
+_FILTER_SCHEMA_DEPTH: Final = 2
+
+
+def _filter_entry_schema(depth: int = _FILTER_SCHEMA_DEPTH) -> JsonSchema:
+    if depth == 0:
+        return {"type": "object"}
+    inner = _filter_entry_schema(depth - 1)
+    nested = {"type": "array", "minItems": 1, "items": inner}
+    match = _attributes_schema(non_empty=True)
+    return {
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": 1,
+        "additionalProperties": False,
+        "properties": {
+            "exact": match,
+            "prefix": match,
+            "suffix": match,
+            "all": nested,
+            "any": nested,
+            "not": inner,
+        },
+    }
+
+
 _TLS: Final = _section_rule(TlsSettings)
 
 _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
@@ -1148,6 +1331,8 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "blocked_timeout": _duration_rule(_positive_duration, 0, positive=True),
     },
     TlsSettings: {"ca_file": _FILE, "cert_file": _FILE, "key_file": _FILE},
+    AttributesFilter: {"attributes": Rule(_filter_attributes, _attributes_schema(non_empty=False))},
+    AuthSettings: {"bearer_token_file": Rule(_token_file, {"type": "string", "minLength": 1})},
     ReconnectSettings: {
         # Exponential backoff from 0 stays at 0: a tight reconnect loop.
         "initial_delay": _duration_rule(_positive_duration, 0, positive=True),
@@ -1176,6 +1361,7 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "parallelism": _integer(1, 65535),
         "ordered": Rule(_bool, {"type": "boolean"}),
         "delivery": _section_rule(DeliverySettings),
+        "auth": _section_rule(AuthSettings),
         "headers": Rule(
             _headers,
             {
@@ -1192,6 +1378,8 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
                 },
             },
         ),
+        "filter": _section_rule(AttributesFilter),
+        "filters": Rule(_filters, {"type": "array", "items": _filter_entry_schema()}),
         "dedupe_window": _duration_rule(parse_duration, 0),
         "dead_letter": _section_rule(DeadLetterSettings),
         "reply": _section_rule(ReplySettings),
@@ -1272,7 +1460,10 @@ _BINDING_KEY_ORDER: Final = (
     "parallelism",
     "ordered",
     "delivery",
+    "auth",
     "headers",
+    "filter",
+    "filters",
     "dedupe_window",
     "dead_letter",
     "reply",
@@ -1307,7 +1498,7 @@ def _plain(obj: DataclassInstance) -> dict[str, object]:
 
 
 def _render(value: object, how: str | None) -> object:
-    if how == "headers":  # a tuple of pairs, shown as the mapping it was written as
+    if how in _WHOLE:  # a tuple shown as a whole, as it was written
         return _RENDERERS[how](value)
     if is_dataclass(value) and not isinstance(value, type):
         return _plain(value)
@@ -1323,6 +1514,14 @@ _SECRET_HEADER: Final = re.compile(r"auth|token|secret|key|password|cookie|signa
 def _render_header(name: str, value: str) -> str:
     """``check`` shows header values, except those whose name says they are secret."""
     return "<redacted>" if _SECRET_HEADER.search(name) else value
+
+
+def _render_filter(entry: FilterEntry) -> dict[str, object]:
+    if isinstance(entry, MatchFilter):
+        return {entry.dialect: dict(entry.attributes)}
+    if entry.dialect == "not":
+        return {"not": _render_filter(entry.filters[0])}
+    return {entry.dialect: [_render_filter(nested) for nested in entry.filters]}
 
 
 def _render_duration(seconds: float) -> str | float:
@@ -1349,7 +1548,10 @@ _RENDERERS: Final[Mapping[str, Callable[[Any], object]]] = {
     "url": redact_url,
     "size": _render_size,
     "headers": lambda pairs: {name: _render_header(name, value) for name, value in pairs},
+    "mapping": dict,
+    "filters": lambda entries: [_render_filter(entry) for entry in entries],
 }
+_WHOLE: Final = frozenset({"headers", "mapping", "filters"})
 
 
 def _show(value: object) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from dispatcher.bearer import BearerToken
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.httpclient import Endpoint, HttpClient, Reading, Response, request_headers
@@ -58,6 +59,7 @@ class HttpTarget:
         max_response_bytes: int = 8 * 1024 * 1024,
         read_reply: bool = False,
         extra_headers: tuple[tuple[str, str], ...] = (),
+        bearer: BearerToken | None = None,
     ) -> None:
         self._endpoint = endpoint
         self._client = client
@@ -70,6 +72,7 @@ class HttpTarget:
         self._reading = Reading(min(keep, max_response_bytes), max_response_bytes, read_reply)
         self._retried = retried_statuses(delivery.retry_on)
         self._extra_headers = [f"{name}: {value}" for name, value in extra_headers]
+        self._bearer = bearer
         self._backoff = Backoff(
             delivery.backoff_policy, delivery.backoff_delay, delivery.backoff_max
         )
@@ -79,7 +82,8 @@ class HttpTarget:
         return (d.retry + 1) * d.timeout + d.retry * d.backoff_max
 
     async def send(self, request: HttpRequestParts) -> Outcome:
-        # Built once: every attempt sends the same. The binding's own headers last.
+        # Built once: every attempt sends the same, but for a bearer token that
+        # may have rotated in between. The binding's own headers last.
         headers = request_headers(request.headers) + self._extra_headers
         waits = self._waits
         deadline = waits.time() + self.deadline_seconds()
@@ -88,8 +92,9 @@ class HttpTarget:
         while True:
             budget = min(self._delivery.timeout, deadline - waits.time())
             started = waits.time()
+            sent = headers if self._bearer is None else [*headers, self._bearer.header()]
             response = await self._client.post(
-                self._endpoint, headers, request.body, max(budget, 0.001), self._reading
+                self._endpoint, sent, request.body, max(budget, 0.001), self._reading
             )
             if self._observe is not None:
                 self._observe(response.status, waits.time() - started)

@@ -18,6 +18,9 @@ see ``amqp_properties``) is dead-lettered with the reason and its body, never
 delivered: its attributes are unknown, and a subscriber would get a
 different event than the one that was published.
 
+An event that does not pass the binding's filter (``filters``) is acked
+without a request; a message that cannot be read is dead-lettered first.
+
 A redelivered message whose event this process already delivered or
 dead-lettered (or is still delivering) is acked without a second request
 (``dedupe``). An unexpected error while handling a message dead-letters it
@@ -39,6 +42,7 @@ from dispatcher.dedupe import Claim, DedupeStore
 from dispatcher.delivery import HttpTarget, Result
 from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event, Unreadable
+from dispatcher.filters import Predicate
 from dispatcher.httpclient import Response
 from dispatcher.logs import get_logger
 from dispatcher.loop import Waits
@@ -96,8 +100,10 @@ class Handler:
         metrics: BindingMetrics,
         waits: Waits,
         lines: logs.DeliveryLines,
+        accepts: Predicate | None = None,
     ) -> None:
         self._binding = binding
+        self._accepts = accepts
         self._vhost = vhost
         self._subscriber = subscriber
         self._dead_letterer = dead_letterer
@@ -122,6 +128,9 @@ class Handler:
             event, problem = self._read(delivery.message)
         else:
             event, problem = self._unreadable(delivery.message, delivery.unreadable)
+        if problem is None and self._accepts is not None and not self._accepts(event.attributes):
+            self._filtered(event, delivery.redelivered)
+            return Action.ACK
         claim: Claim | None = None
         if self._dedupe.enabled and delivery.redelivered:
             found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
@@ -256,6 +265,18 @@ class Handler:
         if not await self._backed_off(self._binding.delivery.retry):
             return _Final(Action.LEAVE, None, attempts, status, reason)
         return _Final(Action.REQUEUE, "requeued", attempts, status, reason)
+
+    def _filtered(self, event: Event, redelivered: bool) -> None:
+        """Not for this subscriber: acked unsent, counted, and no info-level line
+        (a busy binding may filter out most of its queue)."""
+        self._metrics.events["filtered"].inc()
+        self._log.debug(
+            "event filtered",
+            ce_id=event.id,
+            ce_type=event.type,
+            ce_source=event.source,
+            redelivered=redelivered,
+        )
 
     def _record(self, delivery: Received, event: Event, final: _Final, started: float) -> None:
         if final.outcome is None:

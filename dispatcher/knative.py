@@ -30,6 +30,13 @@ DLX                    (no effect)                  Knative acks failures on its
                                                     a backoff instead
 =====================  ===========================  ===============================
 
+Filters and subscriber auth have no variables to map: Knative's controller
+applies a Trigger's ``filter.attributes`` as the queue's binding arguments
+(``x-match: all`` on the message headers), ignores ``filters``, and supports
+no OIDC for this broker class. Its other variables (``K_LOGGING_CONFIG``,
+``K_OBSERVABILITY_CONFIG``, ``K_KLOG_VERBOSITY``, ``SYSTEM_NAMESPACE``,
+``NAMESPACE``, ``CONTAINER_NAME``, ``POD_NAME``, ``REQUEUE``) are ignored.
+
 Durations (BACKOFF_DELAY, TIMEOUT) are Go durations as Knative writes them
 (``50ms``, ``1m30s``, ``500µs``), which ``config.parse_duration`` reads.
 

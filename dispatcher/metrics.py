@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 # `_created` series double the scrape size and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-OUTCOMES = ("delivered", "dead_lettered", "requeued", "rejected")
+OUTCOMES = ("delivered", "dead_lettered", "requeued", "rejected", "filtered")
 RECONNECT_REASONS = (
     "connection_lost",
     "closed_by_broker",

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+from dispatcher.bearer import BearerToken, TokenFileError
 from dispatcher.broker import Supervisor
 from dispatcher.broker_params import virtual_host
 from dispatcher.config import BindingSettings, Settings
@@ -31,6 +32,7 @@ from dispatcher.dedupe import DedupeStore
 from dispatcher.delivery import HttpTarget
 from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError
+from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler
 from dispatcher.httpclient import Endpoint, endpoint
 from dispatcher.logs import get_logger
@@ -116,6 +118,7 @@ class Service:
                 engine.waits,
                 max_response_bytes=binding.max_body_size,
                 extra_headers=binding.headers,
+                bearer=urls.bearer,
                 **options,  # type: ignore[arg-type]
             )
 
@@ -146,7 +149,10 @@ class Service:
             metrics,
             engine.waits,
             engine.lines,
+            compile_filter(binding),
         )
+        if binding.filters and binding.filter is not None:
+            log.warning("filter is ignored: filters is set (as in Knative)", binding=binding.name)
         engine.add_binding(binding.name, handler, metrics)
         self.supervisor.add_binding(binding)
 
@@ -228,11 +234,12 @@ class _Endpoints:
     subscriber: Endpoint
     sink: Endpoint | None
     reply: Endpoint | None
+    bearer: BearerToken | None  # one token, kept current, for all three
 
 
 def _endpoints(index: int, binding: BindingSettings) -> _Endpoints:
-    """A binding's URLs as the HTTP client will use them: its TLS files are loaded now
-    (a bad one is a config error) and the proxy environment is read once."""
+    """A binding's URLs as the HTTP client will use them: its TLS files and token are
+    loaded now (a bad one is a config error) and the proxy environment is read once."""
     try:
         binding.tls.context()  # what curl will load, checked where the error can name the key
     except (OSError, ssl.SSLError) as e:
@@ -249,7 +256,18 @@ def _endpoints(index: int, binding: BindingSettings) -> _Endpoints:
         subscriber,
         make(binding.dead_letter.sink, "dead_letter.sink"),
         make(binding.reply.url, "reply.url"),
+        _bearer(index, binding),
     )
+
+
+def _bearer(index: int, binding: BindingSettings) -> BearerToken | None:
+    path = binding.auth.bearer_token_file
+    if path is None:
+        return None
+    try:
+        return BearerToken(path, binding.name)
+    except TokenFileError as e:  # gone since the configuration read it
+        raise ConfigError(f"bindings[{index}].auth.bearer_token_file", f"{path}: {e}") from e
 
 
 def _needs_publisher(settings: Settings) -> bool:

@@ -164,6 +164,64 @@ def test_the_bindings_headers_go_with_every_request(make_subscriber, run_service
     assert attempts[0].headers["ce-id"] == letter.headers["ce-id"] == "h-1"
 
 
+def test_a_rotated_bearer_token_is_sent_by_the_next_request(make_subscriber, run_service, tmp_path):
+    sub = make_subscriber(lambda r, _i: Reply(400 if r.headers["ce-id"] == "b-3" else 200))
+    sink = make_subscriber()
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    svc = run_service(
+        sub.url, auth={"bearer_token_file": str(token)}, dead_letter={"sink": sink.url}
+    )
+    publish(svc.queue, headers=event_headers("b-1"))
+    [first] = sub.wait_for(1)
+    # Rotated the way Kubernetes does it: a new file renamed over the old one.
+    (tmp_path / "token.new").write_text("second-token\n")
+    (tmp_path / "token.new").replace(token)
+    publish(svc.queue, headers=event_headers("b-2"))
+    publish(svc.queue, headers=event_headers("b-3"))
+    [letter] = sink.wait_for(1)
+    later = sub.wait_for(3)[1:]
+    assert first.headers["authorization"] == "Bearer first-token"
+    for request in [*later, letter]:  # the dead-letter sink's request too
+        assert request.headers["authorization"] == "Bearer second-token"
+
+
+def test_filtered_events_are_acked_unsent_and_counted(make_subscriber, run_service, capsys):
+    sub = make_subscriber()
+    sink = make_subscriber()
+    svc = run_service(
+        sub.url,
+        dead_letter={"sink": sink.url},
+        filters=[
+            {"prefix": {"type": "com.example."}},
+            {"any": [{"exact": {"region": "eu"}}, {"not": {"suffix": {"source": "/test"}}}]},
+        ],
+    )
+    published = {
+        "pass-eu": {"ce-type": "com.example.a", "ce-source": "/test", "ce-region": "eu"},
+        "pass-source": {"ce-type": "com.example.b", "ce-source": "/prod"},
+        "drop-type": {"ce-type": "org.other.a", "ce-source": "/prod", "ce-region": "eu"},
+        "drop-region": {"ce-type": "com.example.a", "ce-source": "/test", "ce-region": "us"},
+        "drop-no-region": {"ce-type": "com.example.a", "ce-source": "/test"},
+    }
+    for event_id, attributes in published.items():
+        publish(svc.queue, headers={**event_headers(event_id), **attributes})
+    # Filtering comes after reading: a malformed event is still dead-lettered.
+    publish(svc.queue, headers={"ce-specversion": "1.0", "ce-type": "org.other.a"})
+    svc.wait_events("filtered", 3)
+    svc.wait_events("delivered", 2)
+    [letter] = sink.wait_for(1)
+    wait_until(lambda: queue_depth(svc.queue) == 0, 10, "the queue to drain")
+    assert sorted(r.headers["ce-id"] for r in sub.requests) == ["pass-eu", "pass-source"]
+    assert letter.headers["ce-type"] == "dev.dispatcher.rabbitmq.message"
+    assert svc.events("filtered") == 3
+    assert svc.events("dead_lettered") == 1
+    logged = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line[:1] == "{"]
+    about = [line for line in logged if line.get("ce_id", "").startswith("drop-")]
+    assert {(line["event"], line["level"]) for line in about} == {("event filtered", "debug")}
+    assert len(about) == 3
+
+
 def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(500, body=b"x" * 5000))
     exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")

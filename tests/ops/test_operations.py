@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import signal
@@ -240,6 +241,52 @@ def test_passwords_never_appear(queue, make_subscriber, processes, tmp_path):
     for text in (proc.output(), metrics):
         assert "s3cr3t-pw" not in text
         assert "hunter2" not in text
+
+
+def test_basic_auth_from_urls_is_sent_and_its_password_never_shown(
+    queue, make_subscriber, processes, tmp_path
+):
+    sub = make_subscriber(lambda _r, _i: Reply(400))
+    sink = make_subscriber()
+    with_user = sub.url.replace("http://", "http://alice:hunter2-pw@")
+    cfg = config(
+        queue, with_user, dead_letter={"sink": sink.url.replace("://", "://bob:s3cr3t-pw@")}
+    )
+    proc = processes(cfg, tmp_path, LOG_LEVEL="debug")
+    proc.wait_for("consumer attached", binding="ops")
+    publish(queue, headers=event_headers("basic-1"))
+    [letter] = sink.wait_for(1)
+    [request] = sub.wait_for(1)
+    metrics = proc.get("/metrics")[2]
+    proc.stop()
+    checked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dispatcher",
+            "check",
+            "--config",
+            str(tmp_path / "dispatcher.yaml"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert request.headers["authorization"] == "Basic " + b64("alice:hunter2-pw")
+    assert letter.headers["authorization"] == "Basic " + b64("bob:s3cr3t-pw")
+    assert letter.headers["ce-knativeerrordest"] == with_user.replace("hunter2-pw", "***")
+    assert checked.returncode == 0, checked.stderr
+    assert "alice:***@" in checked.stdout
+    for text in (proc.output(), metrics, checked.stdout, checked.stderr):
+        assert "hunter2" not in text
+        assert "s3cr3t" not in text
+        assert b64("alice:hunter2-pw") not in text
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def test_log_format_console_and_level(queue, make_subscriber, processes, tmp_path):

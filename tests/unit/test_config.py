@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from dispatcher.config import (
+    AttributesFilter,
+    AuthSettings,
     BindingSettings,
     BrokerSettings,
     DeadLetterSettings,
@@ -17,6 +19,8 @@ from dispatcher.config import (
     DeliverySettings,
     HttpSettings,
     LoggingSettings,
+    MatchFilter,
+    NestingFilter,
     ReconnectSettings,
     ReplySettings,
     Settings,
@@ -82,6 +86,8 @@ def tls_files(tmp_path: Path) -> dict[str, str]:
     for name in ("ca.pem", "cert.pem", "key.pem"):
         (tmp_path / name).write_text("-----BEGIN-----\n", encoding="utf-8")
         files[name] = str(tmp_path / name)
+    (tmp_path / "token").write_text("t0ken\n", encoding="utf-8")
+    files["token"] = str(tmp_path / "token")
     return files
 
 
@@ -114,6 +120,13 @@ def full_yaml(tls: dict[str, str]) -> str:
           backoff_delay: 500ms
           backoff_max: 2m
           timeout: PT15S
+          retry_on: [409, "5xx"]
+        auth: {{bearer_token_file: {tls["token"]}}}
+        headers: {{X-Tenant: blue}}
+        filter: {{attributes: {{type: com.example.a, source: ""}}}}
+        filters:
+          - prefix: {{type: com.example.}}
+          - any: [{{exact: {{region: eu}}}}, {{not: {{suffix: {{source: /test}}}}}}]
         dedupe_window: 5m
         dead_letter:
           sink: http://dls.example/
@@ -164,6 +177,20 @@ def full_expected(tls: dict[str, str]) -> Settings:
                     backoff_delay=0.5,
                     backoff_max=120.0,
                     timeout=15.0,
+                    retry_on=(409, "5xx"),
+                ),
+                auth=AuthSettings(bearer_token_file=tls["token"]),
+                headers=(("X-Tenant", "blue"),),
+                filter=AttributesFilter((("type", "com.example.a"), ("source", ""))),
+                filters=(
+                    MatchFilter("prefix", (("type", "com.example."),)),
+                    NestingFilter(
+                        "any",
+                        (
+                            MatchFilter("exact", (("region", "eu"),)),
+                            NestingFilter("not", (MatchFilter("suffix", (("source", "/test"),)),)),
+                        ),
+                    ),
                 ),
                 dedupe_window=300.0,
                 dead_letter=DeadLetterSettings(
@@ -221,7 +248,10 @@ def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str,
         "parallelism",
         "ordered",
         "delivery",
+        "auth",
         "headers",
+        "filter",
+        "filters",
         "dedupe_window",
         "dead_letter",
         "reply",
@@ -472,9 +502,150 @@ def test_an_authorization_header_conflicts_with_basic_auth_in_a_url() -> None:
     assert binding_error(
         dead_letter={"sink": "http://u:p@sink/"}, headers={"authorization": "Bearer t"}
     ) == (
-        "bindings[0].headers.Authorization: conflicts with the user:password@ of a URL of "
-        "this binding (sent as Basic auth)"
+        "bindings[0].headers.Authorization: conflicts with the user:password@ of "
+        "dead_letter.sink (sent as Basic auth)"
     )
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("eyJ.token.sig\n")
+    return str(path)
+
+
+def test_a_bearer_token_file_is_read_at_start(token_file) -> None:
+    raw = {"name": "b", "queue": "q", "subscriber": "http://h/"}
+    settings = settings_from_dict(
+        {"bindings": [{**raw, "auth": {"bearer_token_file": token_file}}]}, {}
+    )
+    assert settings.bindings[0].auth.bearer_token_file == token_file
+    rendered = render_effective_config(settings)
+    assert "eyJ" not in rendered  # the path is shown, never the token
+    assert yaml.safe_load(rendered)["bindings"][0]["auth"] == {"bearer_token_file": token_file}
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "empty"),
+        (b" \n\t\n", "empty"),
+        (b"tok\nen", "holds characters an HTTP header cannot carry"),
+        (b"caf\xc3\xa9", "holds characters an HTTP header cannot carry"),
+        (b"x" * (64 * 1024 + 1), "larger than 65536 bytes"),
+    ],
+)
+def test_a_token_file_without_a_usable_token_is_a_config_error(tmp_path, content, problem) -> None:
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    assert binding_error(auth={"bearer_token_file": str(path)}) == (
+        f"bindings[0].auth.bearer_token_file: no token in {path}: {problem}"
+    )
+
+
+def test_a_missing_token_file_is_a_config_error(tmp_path) -> None:
+    missing = tmp_path / "nope"
+    assert binding_error(auth={"bearer_token_file": str(missing)}) == (
+        f"bindings[0].auth.bearer_token_file: file not found: {missing}"
+    )
+
+
+@pytest.mark.parametrize("key", ["subscriber", "dead_letter", "reply"])
+def test_a_bearer_token_conflicts_with_basic_auth_in_any_url(token_file, key) -> None:
+    urls: dict[str, object] = {
+        "subscriber": {"subscriber": "http://u:p@h/"},
+        "dead_letter": {"dead_letter": {"sink": "http://u:p@sink/"}},
+        "reply": {"reply": {"url": "http://u:p@ingress/"}},
+    }
+    where = {"subscriber": "subscriber", "dead_letter": "dead_letter.sink", "reply": "reply.url"}
+    assert binding_error(auth={"bearer_token_file": token_file}, **urls[key]) == (
+        f"bindings[0].auth.bearer_token_file: conflicts with the user:password@ of {where[key]} "
+        "(sent as Basic auth)"
+    )
+
+
+def test_an_authorization_header_conflicts_with_a_bearer_token(token_file) -> None:
+    assert (
+        binding_error(auth={"bearer_token_file": token_file}, headers={"Authorization": "Basic x"})
+        == "bindings[0].headers.Authorization: conflicts with auth.bearer_token_file"
+    )
+
+
+_NOT_A_NAME = "is not an attribute name (a lower-case letter, then lower-case letters and digits)"
+
+
+@pytest.mark.parametrize(
+    ("binding_keys", "message"),
+    [
+        ({"filter": "x"}, "bindings[0].filter: must be a mapping, got 'x'"),
+        (
+            {"filter": {"type": "a"}},
+            "bindings[0].filter.type: unknown key (expected one of: attributes)",
+        ),
+        (
+            {"filter": {"attributes": ["type"]}},
+            "bindings[0].filter.attributes: must be a mapping of attribute names to values, "
+            "got list",
+        ),
+        (
+            {"filter": {"attributes": {"Type": "a"}}},
+            f"bindings[0].filter.attributes: 'Type' {_NOT_A_NAME}",
+        ),
+        (
+            {"filter": {"attributes": {"specversion": 1.0}}},
+            "bindings[0].filter.attributes.specversion: must be a string (quote it), got 1.0",
+        ),
+        (
+            {"filters": {"exact": {"type": "a"}}},
+            "bindings[0].filters: must be a list of filters, got mapping",
+        ),
+        (
+            {"filters": [{"cesql": "type = 'a'"}]},
+            "bindings[0].filters[0].cesql: CESQL is not supported; "
+            "use exact, prefix, suffix, all, any or not",
+        ),
+        (
+            {"filters": [{"all": [{"not": {"cesql": "true"}}]}]},
+            "bindings[0].filters[0].all[0].not.cesql: CESQL is not supported; "
+            "use exact, prefix, suffix, all, any or not",
+        ),
+        (
+            {"filters": [{"equals": {"type": "a"}}]},
+            "bindings[0].filters[0].equals: unknown filter dialect "
+            "(expected one of: exact, prefix, suffix, all, any, not)",
+        ),
+        (
+            {"filters": [{"exact": {"type": "a"}, "prefix": {"id": "b"}}]},
+            "bindings[0].filters[0]: a filter has exactly one dialect, found exact and prefix",
+        ),
+        ({"filters": [{}]}, "bindings[0].filters[0]: a filter has exactly one dialect, found none"),
+        (
+            {"filters": [{"exact": {}}]},
+            "bindings[0].filters[0].exact: must name at least one attribute",
+        ),
+        (
+            {"filters": [{"prefix": {"type": ""}}]},
+            "bindings[0].filters[0].prefix.type: must not be empty (Knative skips such a filter; "
+            'to require that an attribute exists, use filter.attributes with the value "")',
+        ),
+        (
+            {"filters": [{"suffix": {"a-b": "x"}}]},
+            f"bindings[0].filters[0].suffix: 'a-b' {_NOT_A_NAME}",
+        ),
+        ({"filters": [{"any": []}]}, "bindings[0].filters[0].any: must list at least one filter"),
+        (
+            {"filters": [{"all": {"exact": {"id": "x"}}}]},
+            "bindings[0].filters[0].all: must be a list of filters, got mapping",
+        ),
+        (
+            {"filters": [{"not": [{"exact": {"id": "x"}}]}]},
+            "bindings[0].filters[0].not: must be a mapping, got list",
+        ),
+        ({"filters": ["exact"]}, "bindings[0].filters[0]: must be a mapping, got 'exact'"),
+    ],
+)
+def test_filters_refuse_what_knative_would_refuse_or_skip(binding_keys, message) -> None:
+    assert binding_error(**binding_keys) == message
 
 
 def test_check_shows_headers_but_not_secret_ones() -> None:

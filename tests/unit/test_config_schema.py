@@ -51,6 +51,28 @@ def test_backoff_delay_zero_is_refused_by_the_schema() -> None:
     assert _valid(schema, {"bindings": [{**base, "delivery": {"backoff_delay": "10ms"}}]})
 
 
+def test_filters_in_the_schema_say_what_the_service_says() -> None:
+    schema = config_schema.service_schema()
+    base = {"name": "a", "queue": "a", "subscriber": "http://s/"}
+    nested = [{"all": [{"exact": {"type": "t"}}, {"not": {"any": [{"prefix": {"id": "x"}}]}}]}]
+    for filters, service_accepts in (
+        (nested, True),
+        ([{"cesql": "type = 't'"}], False),
+        ([{"exact": {"type": "t"}, "prefix": {"id": "x"}}], False),
+        ([{"exact": {}}], False),
+        ([{"suffix": {"Type": "t"}}], False),
+        ([{"any": []}], False),
+    ):
+        binding = {**base, "filters": filters}
+        assert _valid(schema, {"bindings": [binding]}) is service_accepts, filters
+        try:
+            settings_from_dict({"bindings": [binding]}, {})
+        except ConfigError:
+            assert not service_accepts, filters
+        else:
+            assert service_accepts, filters
+
+
 def test_example_config_is_valid_for_service_and_chart() -> None:
     example = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     jsonschema.validate(example, config_schema.service_schema())

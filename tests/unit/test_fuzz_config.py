@@ -231,6 +231,14 @@ def _valid_values() -> dict[str, Any]:
         "ca_file": None,
         "cert_file": None,
         "key_file": None,
+        "retry_on": [409, "5xx"],
+        "headers": {"X-Tenant": "blue"},
+        "bearer_token_file": None,
+        "attributes": {"type": "com.example.a", "source": ""},
+        "filters": [
+            {"exact": {"type": "com.example.a"}},
+            {"any": [{"prefix": {"source": "/x"}}, {"not": {"suffix": {"id": "1"}}}]},
+        ],
     }
 
 

@@ -180,3 +180,23 @@ def test_a_long_backoff_delay_without_retries_loads(tmp_path, monkeypatch):
     [b] = load(tmp_path, monkeypatch, BACKOFF_DELAY="1m").bindings
     assert b.delivery.backoff_delay == 60.0
     assert b.delivery.backoff_max >= 60.0
+
+
+def test_the_rest_of_knatives_environment_changes_nothing(tmp_path, monkeypatch):
+    # What the eventing-rabbitmq controller also sets: no filter, no auth, no
+    # setting this maps (the README lists them as ignored).
+    controller = {
+        "K_LOGGING_CONFIG": '{"zap-logger-config": "{}"}',
+        "K_OBSERVABILITY_CONFIG": "{}",
+        "K_KLOG_VERBOSITY": "0",
+        "SYSTEM_NAMESPACE": "knative-eventing",
+        "NAMESPACE": "default",
+        "CONTAINER_NAME": "dispatcher",
+        "POD_NAME": "trig-dispatcher-0",
+        "REQUEUE": "false",
+    }
+    plain = load(tmp_path, monkeypatch)
+    assert load(tmp_path, monkeypatch, **controller) == plain
+    [binding] = plain.bindings
+    assert binding.filter is None and binding.filters == ()
+    assert binding.auth.bearer_token_file is None

@@ -27,7 +27,7 @@ FIELDS = {
 def _restore_logging():
     yield
     structlog.contextvars.clear_contextvars()
-    logs.configure("info", "json")
+    logs.configure("debug", "json")  # as tests/conftest.py sets it for the whole suite
 
 
 def test_direct_json_line_equals_structlogs(capsys: pytest.CaptureFixture[str]) -> None:
