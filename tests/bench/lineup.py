@@ -8,13 +8,14 @@ consumers and ceilings are the scripts in ``tests/bench/contenders/``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
 from tests.bench.harness import PYTHON, ROOT
+from tests.bench.payload import SOURCE, TYPE
 from tests.bench.queues import URL
 
 SCRIPTS: Final = ROOT / "tests/bench/contenders"
@@ -50,6 +51,23 @@ def dispatcher_config(launch: Launch, index: int) -> Path:
 
 def _dispatcher(launch: Launch, index: int) -> list[str]:
     return [PYTHON, "-m", "dispatcher", "run", "--config", str(dispatcher_config(launch, index))]
+
+
+# Five entries that every bench event passes, each dialect once: what a filter
+# costs per event when it lets everything through (W1, issue 14).
+PASS_ALL_FILTERS: Final = [
+    {"exact": {"specversion": "1.0"}},
+    {"prefix": {"type": TYPE.rsplit(".", 1)[0] + "."}},
+    {"suffix": {"source": SOURCE}},
+    {"any": [{"prefix": {"id": "never-"}}, {"exact": {"type": TYPE}}]},
+    {"not": {"exact": {"subject": "excluded"}}},
+]
+
+
+def _dispatcher_filtered(launch: Launch, index: int) -> list[str]:
+    return _dispatcher(
+        replace(launch, binding={**launch.binding, "filters": PASS_ALL_FILTERS}), index
+    )
 
 
 def _pika_httpx(launch: Launch, _index: int) -> list[str]:
@@ -99,6 +117,9 @@ class Contender:
 
 
 DISPATCHER: Final = Contender("dispatcher", "dispatcher run", _dispatcher)
+DISPATCHER_FILTERED: Final = Contender(
+    "dispatcher-filtered", "dispatcher run, 5-entry filter (passes all)", _dispatcher_filtered
+)
 DISPATCHER_X2: Final = Contender("dispatcher", "dispatcher run x2", _dispatcher, processes=2)
 PIKA_HTTPX: Final = Contender("a", "(a) pika + httpx.Client, sequential", _pika_httpx)
 AIOPIKA_AIOHTTP: Final = Contender("b", "(b) aio-pika + aiohttp, tasks", _aiopika_aiohttp)
@@ -114,4 +135,12 @@ HTTP_HTTPX_THREADS: Final = Contender(
     _http_only("http_httpx_threads.py"),
     consumes=False,
 )
-KEYS: Final = ("dispatcher", "a", "b", "pika-autoack", "aiohttp", "httpx-threads")
+KEYS: Final = (
+    "dispatcher",
+    "dispatcher-filtered",
+    "a",
+    "b",
+    "pika-autoack",
+    "aiohttp",
+    "httpx-threads",
+)

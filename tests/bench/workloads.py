@@ -2,7 +2,7 @@
 
 | | events | parallelism | subscriber | contenders |
 |---|---|---|---|---|
-| W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six |
+| W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six, and dispatcher with a filter |
 | W2 | 1,000 msg/s for 30 s | 50 | asyncio, 202 at once | dispatcher, (a), (b), pika floor |
 | W3 | 5k pre-loaded ((a): 200) | 100 | asyncio, 202 after 100 ms | consumers + HTTP ceilings |
 | W4 | 200k pre-loaded ((a): 20k) | 100 | nginx | dispatcher, (b), (a) |
@@ -22,6 +22,7 @@ from pathlib import Path
 from tests.bench.lineup import (
     AIOPIKA_AIOHTTP,
     DISPATCHER,
+    DISPATCHER_FILTERED,
     DISPATCHER_X2,
     HTTP_AIOHTTP,
     HTTP_HTTPX_THREADS,
@@ -90,14 +91,15 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w1 = Workload(
         "W1",
         "fast subscriber (nginx, 202 at once), persistent 1 KB events pre-loaded",
-        all_six,
+        (DISPATCHER, DISPATCHER_FILTERED, *all_six[1:]),
         events=size(20_000, 2_000),
         parallelism=50,
         sink="nginx",
         repeat=size(3, 1),
-        note="Ceilings: pika auto-ack is its own subscriber (receipt = delivery to the "
-        "consumer); the HTTP ceilings post straight to nginx, 50 at a time (aiohttp tasks; "
-        "50 threads sharing one httpx.Client).",
+        note="The filtered dispatcher passes every event through a 5-entry filter "
+        "(tests/bench/lineup.py). Ceilings: pika auto-ack is its own subscriber "
+        "(receipt = delivery to the consumer); the HTTP ceilings post straight to nginx, "
+        "50 at a time (aiohttp tasks; 50 threads sharing one httpx.Client).",
     )
     w2 = Workload(
         "W2",
