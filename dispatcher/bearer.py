@@ -8,9 +8,11 @@ So each request stats the file (a few microseconds, no read) and reads it only
 when its identity changed: device, inode, size, modification and change
 times. Kubernetes rotates by swapping a symlink, which changes the inode. A
 file rewritten in place within the filesystem's timestamp granularity (a few
-milliseconds) could keep every one of those, so a file modified less than
-``RACY_SECONDS`` before it was read is read again by the next request, until
-it has settled: git's rule for "racily clean" files.
+milliseconds) could keep every one of those, so a file whose modification
+time was within ``RACY_SECONDS`` of the clock when it was read is read again
+by the next request, until it has settled: git's rule for "racily clean"
+files. A file that is empty or holds junk is remembered the same way: read
+again when it changes, not per request.
 
 The file is read at start, by the configuration (missing, empty or not a
 header value: a ``ConfigError``). If it later disappears, empties or holds
@@ -47,13 +49,12 @@ class TokenFileError(Exception):
 
 def read_token(path: str) -> str:
     """The token in ``path``, surrounding whitespace (a trailing newline) removed."""
-    return _read(path)[0]
+    return _read(path)
 
 
-def _read(path: str) -> tuple[str, os.stat_result]:
+def _read(path: str) -> str:
     try:
         with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
             raw = f.read(MAX_TOKEN_BYTES + 1)
     except OSError as e:
         raise TokenFileError(e.strerror or type(e).__name__) from e
@@ -64,7 +65,7 @@ def _read(path: str) -> tuple[str, os.stat_result]:
         raise TokenFileError("empty")
     if not _TOKEN.fullmatch(token):
         raise TokenFileError("holds characters an HTTP header cannot carry")
-    return token, st
+    return token
 
 
 def _signature(st: os.stat_result) -> _Signature:
@@ -79,40 +80,52 @@ class BearerToken:
         self._clock = clock  # wall clock: it is compared with file times
         self._log = log.bind(binding=binding, path=path)
         self._failing = False
-        self._header = ""
-        self._signature: _Signature | None = None
-        self._accept(*_read(path))  # a TokenFileError here: the caller's config error
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise TokenFileError(e.strerror or type(e).__name__) from e
+        self._header = _header(_read(path))  # a TokenFileError: the caller's config error
+        self._signature = self._trusted(st)
 
     def header(self) -> str:
         try:
-            current = _signature(os.stat(self._path))
+            st = os.stat(self._path)
         except OSError as e:
+            self._signature = None
             self._failed(e.strerror or type(e).__name__)
             return self._header
-        if current != self._signature:
-            self._load()
+        if _signature(st) != self._signature:
+            self._load(st)
         return self._header
 
-    def _load(self) -> None:
+    def _load(self, st: os.stat_result) -> None:
+        """Read the file ``st`` described. A bad file is remembered like a good one,
+        so it too is read again only when it changes."""
         try:
-            token, st = _read(self._path)
+            self._header = _header(_read(self._path))
         except TokenFileError as e:
             self._failed(str(e))
-            return
-        self._accept(token, st)
+        else:
+            if self._failing:
+                self._failing = False
+                self._log.info("bearer token file readable again")
+        # The stat taken before the read: a change after it shows in the next one.
+        self._signature = self._trusted(st)
 
-    def _accept(self, token: str, st: os.stat_result) -> None:
-        self._header = f"Authorization: Bearer {token}"
-        # Modified just now: a rewrite within the timestamp granularity could follow
-        # unseen, so leave the signature unknown and read again next time.
-        racy = self._clock() - st.st_mtime_ns / 1e9 < RACY_SECONDS
-        self._signature = None if racy else _signature(st)
-        if self._failing:
-            self._failing = False
-            self._log.info("bearer token file readable again")
+    def _trusted(self, st: os.stat_result) -> _Signature | None:
+        """``st``'s signature, or None (read again next time) for a file modified
+        so close to now that a rewrite in the same timestamp tick could follow
+        unseen. A clock stepped back makes a file look modified in the future:
+        that too ends when the clock has passed it by ``RACY_SECONDS``."""
+        if abs(self._clock() - st.st_mtime_ns / 1e9) < RACY_SECONDS:
+            return None
+        return _signature(st)
 
     def _failed(self, reason: str) -> None:
-        self._signature = None
         if not self._failing:
             self._log.warning("bearer token file unreadable; keeping the last token", error=reason)
         self._failing = True
+
+
+def _header(token: str) -> str:
+    return f"Authorization: Bearer {token}"

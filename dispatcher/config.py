@@ -704,18 +704,26 @@ def _filter_attributes(
     return tuple(pairs)
 
 
+# all/any/not nested deeper than this is refused: no real filter needs it, and
+# hundreds of levels would exhaust the stack of whatever walks the tree
+# (``check``'s YAML output first).
+MAX_FILTER_DEPTH: Final = 32
+
+
 def _filters(value: object, key: str) -> tuple[FilterEntry, ...]:
     """``filters``: Knative's newer Trigger filters, a list that must all pass."""
-    return _filter_list(value, key)
+    return _filter_list(value, key, 1)
 
 
-def _filter_list(value: object, key: str) -> tuple[FilterEntry, ...]:
+def _filter_list(value: object, key: str, depth: int) -> tuple[FilterEntry, ...]:
     if not isinstance(value, list):
         raise ConfigError(key, f"must be a list of filters, got {_show(value)}")
-    return tuple(_filter_entry(item, f"{key}[{index}]") for index, item in enumerate(value))
+    return tuple(_filter_entry(item, f"{key}[{index}]", depth) for index, item in enumerate(value))
 
 
-def _filter_entry(value: object, key: str) -> FilterEntry:
+def _filter_entry(value: object, key: str, depth: int) -> FilterEntry:
+    if depth > MAX_FILTER_DEPTH:
+        raise ConfigError(key, f"filters nest at most {MAX_FILTER_DEPTH} levels deep")
     entry = _mapping(value, key)
     if "cesql" in entry:
         raise ConfigError(
@@ -740,8 +748,8 @@ def _filter_entry(value: object, key: str) -> FilterEntry:
             raise ConfigError(where, "must name at least one attribute")
         return MatchFilter(dialect, attributes)  # type: ignore[arg-type]
     if dialect == "not":
-        return NestingFilter("not", (_filter_entry(body, where),))
-    nested = _filter_list(body, where)
+        return NestingFilter("not", (_filter_entry(body, where, depth + 1),))
+    nested = _filter_list(body, where, depth + 1)
     if not nested:
         raise ConfigError(where, "must list at least one filter")
     return NestingFilter(dialect, nested)  # type: ignore[arg-type]

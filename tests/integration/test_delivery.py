@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import gc
 import json
+import os
 import threading
+import time
 from urllib.parse import unquote
 
 import pytest
@@ -169,6 +171,9 @@ def test_a_rotated_bearer_token_is_sent_by_the_next_request(make_subscriber, run
     sink = make_subscriber()
     token = tmp_path / "token"
     token.write_text("first-token\n")
+    # Dated a minute back, so only the file's identity (not a fresh mtime) says it changed.
+    old = time.time() - 60
+    os.utime(token, (old, old))
     svc = run_service(
         sub.url, auth={"bearer_token_file": str(token)}, dead_letter={"sink": sink.url}
     )
@@ -176,6 +181,7 @@ def test_a_rotated_bearer_token_is_sent_by_the_next_request(make_subscriber, run
     [first] = sub.wait_for(1)
     # Rotated the way Kubernetes does it: a new file renamed over the old one.
     (tmp_path / "token.new").write_text("second-token\n")
+    os.utime(tmp_path / "token.new", (old, old))
     (tmp_path / "token.new").replace(token)
     publish(svc.queue, headers=event_headers("b-2"))
     publish(svc.queue, headers=event_headers("b-3"))

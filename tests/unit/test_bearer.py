@@ -65,11 +65,8 @@ def test_a_rewrite_in_place_keeping_size_and_times_is_seen(tmp_path, clock, monk
     assert seen == header("bbbb")
 
 
-def test_a_settled_file_is_not_read_again(tmp_path, clock, monkeypatch) -> None:
-    path = tmp_path / "token"
-    write(path, "settled", mtime=clock.now - RACY_SECONDS - 1)
-    bearer = BearerToken(str(path), "b", clock)
-    reads = []
+def counting_reads(monkeypatch) -> list[object]:
+    reads: list[object] = []
     real_open = open
 
     def counting_open(*args, **kwargs):
@@ -77,23 +74,42 @@ def test_a_settled_file_is_not_read_again(tmp_path, clock, monkeypatch) -> None:
         return real_open(*args, **kwargs)
 
     monkeypatch.setattr("builtins.open", counting_open)
+    return reads
+
+
+@pytest.mark.parametrize(
+    "age",
+    [RACY_SECONDS + 1, -3600.0],  # settled; dated an hour ahead (a clock stepped back)
+)
+def test_an_unchanged_file_is_not_read_again(tmp_path, clock, monkeypatch, age) -> None:
+    path = tmp_path / "token"
+    write(path, "settled", mtime=clock.now - age)
+    bearer = BearerToken(str(path), "b", clock)
+    reads = counting_reads(monkeypatch)
     for _ in range(100):
         assert bearer.header() == header("settled")
     assert reads == []
+
+
+@pytest.mark.parametrize("content", ["", "bad\x01token"])
+def test_a_bad_file_is_read_once_until_it_changes(tmp_path, clock, monkeypatch, content) -> None:
+    path = tmp_path / "token"
+    write(path, "good", mtime=clock.now - 60)
+    bearer = BearerToken(str(path), "b", clock)
+    write(path, content, mtime=clock.now - 30)
+    reads = counting_reads(monkeypatch)
+    for _ in range(100):
+        assert bearer.header() == header("good")
+    assert len(reads) == 1
+    write(path, "fixed", mtime=clock.now - 10)
+    assert bearer.header() == header("fixed")
 
 
 def test_a_fresh_file_is_read_again_until_it_settles(tmp_path, clock, monkeypatch) -> None:
     path = tmp_path / "token"
     write(path, "fresh", mtime=clock.now)
     bearer = BearerToken(str(path), "b", clock)
-    reads = []
-    real_open = open
-
-    def counting_open(*args, **kwargs):
-        reads.append(args[0])
-        return real_open(*args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", counting_open)
+    reads = counting_reads(monkeypatch)
     bearer.header()
     assert len(reads) == 1  # still racy: read
     clock.now += RACY_SECONDS + 1

@@ -648,6 +648,20 @@ def test_filters_refuse_what_knative_would_refuse_or_skip(binding_keys, message)
     assert binding_error(**binding_keys) == message
 
 
+def test_filters_nest_at_most_32_levels() -> None:
+    def nested(levels: int) -> dict[str, Any]:
+        entry: dict[str, Any] = {"exact": {"type": "a"}}
+        for level in range(levels - 1):
+            entry = {"not": entry} if level % 2 else {"all": [entry]}
+        return entry
+
+    settings = settings_from_dict({"bindings": [binding(filters=[nested(32)])]}, {})
+    assert "exact" in render_effective_config(settings)
+    message = binding_error(filters=[nested(500)])
+    assert message.endswith(": filters nest at most 32 levels deep")
+    assert message.startswith("bindings[0].filters[0].all[0].not.all[0]")
+
+
 def test_check_shows_headers_but_not_secret_ones() -> None:
     raw = {"name": "b", "queue": "q", "subscriber": "http://h/"}
     raw["headers"] = {"X-Tenant": "blue", "X-Api-Key": "s3cr3t", "X-Version": 2}
