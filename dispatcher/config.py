@@ -76,12 +76,28 @@ class ReconnectSettings:
 
 @dataclass(frozen=True, slots=True)
 class BrokerSettings:
-    url: str = field(default="amqp://guest:guest@localhost:5672/%2F", metadata=_URL)
+    # One URL, or the nodes of one cluster (a list in the file, comma-separated
+    # in RABBITMQ_URL): see ``urls``.
+    url: str | tuple[str, ...] = field(
+        default="amqp://guest:guest@localhost:5672/%2F", metadata=_URL
+    )
     heartbeat: float = field(default=20.0, metadata=_DURATION)
     connection_name: str = "dispatcher"
     tls: TlsSettings = field(default_factory=TlsSettings)
     reconnect: ReconnectSettings = field(default_factory=ReconnectSettings)
     blocked_timeout: float = field(default=60.0, metadata=_DURATION)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every node's URL, in the order given."""
+        return (self.url,) if isinstance(self.url, str) else self.url
+
+
+@dataclass(frozen=True, slots=True)
+class DedupeSettings:
+    # redis:// or rediss://: claims shared by every replica (``dedupe_store``);
+    # None keeps duplicate suppression in this process's memory.
+    store: str | None = field(default=None, metadata=_URL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +238,7 @@ class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
     shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    dedupe: DedupeSettings = field(default_factory=DedupeSettings)
     bindings: tuple[BindingSettings, ...] = ()
 
 
@@ -241,6 +258,7 @@ class BatchSettings:
 # Kubernetes Secret can supply the broker URL without touching the file.
 _ENV_OVERRIDES: Final = (
     ("RABBITMQ_URL", "broker", "url"),
+    ("DEDUPE_STORE_URL", "dedupe", "store"),
     ("DISPATCHER_LISTEN", "http", "listen"),
     ("LOG_LEVEL", "logging", "level"),
     ("LOG_FORMAT", "logging", "format"),
@@ -310,7 +328,8 @@ def _blaming_variables(origins: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except ConfigError as err:
-        variable = origins.get(err.key)
+        # broker.url[1] came from RABBITMQ_URL too (its second node).
+        variable = origins.get(err.key) or origins.get(re.sub(r"\[[0-9]+\]$", "", err.key))
         if variable is None:
             raise
         raise ConfigError(variable, err.problem) from None
@@ -434,6 +453,11 @@ def _build(shape: type[T], raw: object, key: str) -> T:
     if check is not None:
         check(built, s)
     return built
+
+
+def _check_broker(broker: Any, s: _Section) -> None:
+    if len({pika.URLParameters(url).virtual_host for url in broker.urls}) > 1:
+        raise ConfigError(s.sub("url"), "every node of one cluster must name the same virtual host")
 
 
 def _check_reconnect(reconnect: Any, s: _Section) -> None:
@@ -918,6 +942,23 @@ def _redact_text(text: str) -> str:
     return redact_url(text) if _SCHEME.search(text) else text
 
 
+_NODE_SEPARATOR: Final = re.compile(r"\s*,\s*(?=amqps?://)", re.IGNORECASE)
+
+
+def _amqp_urls(value: object, key: str) -> str | tuple[str, ...]:
+    """``broker.url``: one URL, or a cluster's nodes as a list or comma-separated.
+    Only a comma before ``amqp://`` or ``amqps://`` separates nodes: a password
+    may hold commas (and a split inside it would show its first half)."""
+    if isinstance(value, str) and _NODE_SEPARATOR.search(value):
+        value = [part.strip() for part in _NODE_SEPARATOR.split(value)]
+    if not isinstance(value, list):
+        return _amqp_url(value, key)
+    if not value:
+        raise ConfigError(key, "must name at least one node")
+    urls = tuple(_amqp_url(item, f"{key}[{index}]") for index, item in enumerate(value))
+    return urls[0] if len(urls) == 1 else urls
+
+
 def _amqp_url(value: object, key: str) -> str:
     url = _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
     try:
@@ -926,6 +967,14 @@ def _amqp_url(value: object, key: str) -> str:
         pika.URLParameters(url)
     except Exception as e:  # pika raises ValueError, TypeError or its own errors
         raise ConfigError(key, f"invalid connection parameter in {_show(url)}: {e}") from None
+    return url
+
+
+def _redis_url(value: object, key: str) -> str:
+    url = _url(value, key, ("redis", "rediss"), "a redis(s) URL")
+    database = urlsplit(url).path.strip("/")
+    if database and not database.isdigit():
+        raise ConfigError(key, f"the path must be a database number, got {_show(url)}")
     return url
 
 
@@ -1276,6 +1325,11 @@ def _url_rule(parse: Callable[[object, str], str], *schemes: str) -> Rule:
     return Rule(parse, {"type": "string", "pattern": rf"^\s*({names})://[^/?#\s]"})
 
 
+def _url_list_rule(parse: Callable[[object, str], object], *schemes: str) -> Rule:
+    one = _url_rule(_amqp_url, *schemes).schema
+    return Rule(parse, {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}]})
+
+
 _FILE: Final = Rule(_existing_file, {"type": "string", "minLength": 1})
 
 
@@ -1324,6 +1378,7 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "http": _section_rule(HttpSettings),
         "shutdown": _section_rule(ShutdownSettings),
         "logging": _section_rule(LoggingSettings),
+        "dedupe": _section_rule(DedupeSettings),
         "bindings": _bindings_rule(),
     },
     BatchSettings: {
@@ -1331,13 +1386,14 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "logging": _section_rule(LoggingSettings),
     },
     BrokerSettings: {
-        "url": _url_rule(_amqp_url, "amqp", "amqps"),
+        "url": _url_list_rule(_amqp_urls, "amqp", "amqps"),
         "heartbeat": _duration_rule(_heartbeat, 1, maximum=65535),
         "connection_name": _text(non_empty=True),
         "tls": _TLS,
         "reconnect": _section_rule(ReconnectSettings),
         "blocked_timeout": _duration_rule(_positive_duration, 0, positive=True),
     },
+    DedupeSettings: {"store": _url_rule(_redis_url, "redis", "rediss")},
     TlsSettings: {"ca_file": _FILE, "cert_file": _FILE, "key_file": _FILE},
     AttributesFilter: {"attributes": Rule(_filter_attributes, _attributes_schema(non_empty=False))},
     AuthSettings: {"bearer_token_file": Rule(_token_file, {"type": "string", "minLength": 1})},
@@ -1438,6 +1494,7 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
 }
 
 _CHECKS: Final[Mapping[type, Callable[[Any, _Section], None]]] = {
+    BrokerSettings: _check_broker,
     ReconnectSettings: _check_reconnect,
     TlsSettings: _check_tls,
     DeclareSettings: _check_declare,

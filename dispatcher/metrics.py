@@ -112,11 +112,43 @@ class Metrics:
             ["binding"],
             registry=r,
         )
+        self.broker_node = Gauge(
+            "dispatcher_broker_node",
+            "1 for the broker node (host:port) the consuming connection is open to.",
+            ["node"],
+            registry=r,
+        )
+        self.dedupe_store_errors = Counter(
+            "dispatcher_dedupe_store_errors",
+            "Calls to the shared dedupe store that failed or timed out.",
+            registry=r,
+        )
+        self.dedupe_store_up: Gauge | None = None  # registered only with a store
+        self._nodes: set[str] = set()  # every node connected to so far (a cluster's few)
         self._blocked: set[str] = set()
         self._blocked_lock = threading.Lock()
         self.broker_blocked = Gauge(
             "dispatcher_broker_blocked", "1 while the broker has blocked a connection.", registry=r
         )
+
+    def enable_dedupe_store(self) -> Gauge:
+        """``dispatcher_dedupe_store_up``, which exists only when a store is configured."""
+        if self.dedupe_store_up is None:
+            self.dedupe_store_up = Gauge(
+                "dispatcher_dedupe_store_up",
+                "1 while the shared dedupe store answers.",
+                registry=self.registry,
+            )
+        return self.dedupe_store_up
+
+    def set_broker_node(self, node: str | None) -> None:
+        """The node the consuming connection is open to; None: not connected."""
+        with self._blocked_lock:
+            for seen in self._nodes:
+                self.broker_node.labels(seen).set(0)
+            if node is not None:
+                self._nodes.add(node)
+                self.broker_node.labels(node).set(1)
 
     def set_blocked(self, connection: str, blocked: bool) -> None:
         """``dispatcher_broker_blocked`` is 1 while any of our connections is blocked."""

@@ -229,7 +229,7 @@ def test_effective_config_round_trips_through_yaml(
 def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str, str]) -> None:
     settings = load_settings(write(tmp_path, full_yaml(tls_files)), {})
     document = yaml.safe_load(render_effective_config(settings))
-    assert list(document) == ["broker", "http", "shutdown", "logging", "bindings"]
+    assert list(document) == ["broker", "http", "shutdown", "logging", "dedupe", "bindings"]
     assert list(document["broker"]) == [
         "url",
         "heartbeat",
@@ -430,7 +430,7 @@ def test_bad_duration_in_a_file_names_the_key() -> None:
 
 def test_unknown_top_level_key() -> None:
     assert error_of(brokers={}) == (
-        "brokers: unknown key (expected one of: bindings, broker, http, logging, shutdown)"
+        "brokers: unknown key (expected one of: bindings, broker, dedupe, http, logging, shutdown)"
     )
 
 
@@ -1271,3 +1271,84 @@ def test_batch_settings_check_only_the_sections_a_command_uses(tmp_path) -> None
     with pytest.raises(ConfigError) as caught:
         load_batch_settings(str(path), environ)
     assert caught.value.key == "RABBITMQ_URL"
+
+
+# --------------------------------------------------------------------------
+# A fleet: cluster nodes and the shared dedupe store
+# --------------------------------------------------------------------------
+
+
+def test_broker_url_may_list_the_nodes_of_a_cluster() -> None:
+    nodes = ["amqp://u:p@rabbit-0:5672/v", "amqp://u:p@rabbit-1:5672/v"]
+    settings = build(broker={"url": nodes})
+    assert settings.broker.url == tuple(nodes)
+    assert settings.broker.urls == tuple(nodes)
+    assert build(broker={"url": nodes[:1]}).broker.url == nodes[0]  # a list of one: one URL
+    assert build().broker.urls == ("amqp://guest:guest@localhost:5672/%2F",)
+    rendered = yaml.safe_load(render_effective_config(settings))
+    assert rendered["broker"]["url"] == [
+        "amqp://u:***@rabbit-0:5672/v",
+        "amqp://u:***@rabbit-1:5672/v",
+    ]
+
+
+def test_rabbitmq_url_separates_nodes_with_commas_but_not_inside_a_password() -> None:
+    environ = {"RABBITMQ_URL": "amqp://u:p,w@a:5672/v , AMQPS://u:p,w@b:5671/v"}
+    assert build(environ).broker.url == ("amqp://u:p,w@a:5672/v", "AMQPS://u:p,w@b:5671/v")
+    assert build({"RABBITMQ_URL": "amqp://u:a,b@h:5672/v"}).broker.url == "amqp://u:a,b@h:5672/v"
+
+
+@pytest.mark.parametrize(
+    ("environ", "broker", "message"),
+    [
+        ({}, {"url": []}, "broker.url: must name at least one node"),
+        (
+            {},
+            {"url": ["amqp://h/", "http://h/"]},
+            "broker.url[1]: must be an amqp(s) URL, got 'http://h/'",
+        ),
+        (
+            {"RABBITMQ_URL": "amqp://h/, amqp://u:s3cret@"},
+            {},
+            "RABBITMQ_URL: must be an amqp(s) URL with a host, got 'amqp://u:***@'",
+        ),
+        (
+            {},
+            {"url": ["amqp://a/v1", "amqp://b/v2"]},
+            "broker.url: every node of one cluster must name the same virtual host",
+        ),
+    ],
+)
+def test_bad_cluster_urls(environ, broker, message) -> None:
+    assert error_of(environ, broker=broker) == message
+
+
+def test_dedupe_store_from_the_file_or_dedupe_store_url() -> None:
+    assert build().dedupe.store is None
+    assert build(dedupe={"store": "redis://r:6379/2"}).dedupe.store == "redis://r:6379/2"
+    settings = build({"DEDUPE_STORE_URL": "rediss://:pw-s3cret@r:6380/0"})
+    assert settings.dedupe.store == "rediss://:pw-s3cret@r:6380/0"
+    rendered = render_effective_config(settings)
+    assert "pw-s3cret" not in rendered
+    assert yaml.safe_load(rendered)["dedupe"] == {"store": "rediss://:***@r:6380/0"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "dedupe", "message"),
+    [
+        ({}, {"store": "http://r/"}, "dedupe.store: must be a redis(s) URL, got 'http://r/'"),
+        (
+            {},
+            {"store": "redis://r/db"},
+            "dedupe.store: the path must be a database number, got 'redis://r/db'",
+        ),
+        (
+            {"DEDUPE_STORE_URL": "redis://:pw@"},
+            {},
+            "DEDUPE_STORE_URL: must be a redis(s) URL with a host, got 'redis://:***@'",
+        ),
+        ({}, {"stor": None}, "dedupe.stor: unknown key (expected one of: store)"),
+    ],
+)
+def test_bad_dedupe_store(environ, dedupe, message) -> None:
+    assert error_of(environ, dedupe=dedupe) == message
