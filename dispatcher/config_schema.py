@@ -87,7 +87,8 @@ def chart_config_schema() -> JsonSchema:
             target = node["properties"]
             target[path[-1]] = change(target[path[-1]])
     schema["description"] = (
-        "The service's config file (config/dispatcher.example.yaml), without broker.url"
+        "The service's config file (config/dispatcher.example.yaml), without broker.url "
+        "or dedupe.store"
     )
     return schema
 
@@ -98,6 +99,15 @@ def _url_refused(_: JsonSchema) -> JsonSchema:
         "description": "Not allowed: the URL carries the password and comes only from "
         "brokerSecret. Left out of this schema's checks so the chart can explain that "
         "when it refuses it."
+    }
+
+
+def _store_refused(_: JsonSchema) -> JsonSchema:
+    # As broker.url: the template refuses a URL and names dedupeStoreSecret.
+    return {
+        "description": "Not allowed (but null): the store's URL may carry a password and "
+        "comes only from dedupeStoreSecret. Left out of this schema's checks so the chart "
+        "can explain that when it refuses it."
     }
 
 
@@ -124,6 +134,7 @@ def _grace_for_the_chart(schema: JsonSchema) -> JsonSchema:
 # own "standalone" rule; in sidecar mode the chart fills it in.
 CHART_DIFFERENCES: Final[Sequence[tuple[tuple[str, ...], Any]]] = (
     (("broker", "url"), _url_refused),
+    (("dedupe", "store"), _store_refused),
     (("broker", "tls"), _tls_documented),
     (("bindings", "[]", "tls"), _tls_documented),
     (("shutdown", "grace"), _grace_for_the_chart),

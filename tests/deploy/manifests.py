@@ -19,6 +19,10 @@ PLAIN = ROOT / "deploy" / "kubernetes"
 KUBE_VERSION = "1.30"
 # A stand-in for the URL the Secret holds; it must never show up in a manifest.
 DUMMY_BROKER_URL = "amqp://tester:not-a-secret@broker.invalid:5672/%2F"
+# The same for the dedupe store's Secret (DEDUPE_STORE_URL).
+DUMMY_STORE_URL = "redis://:not-a-secret@store.invalid:6379/0"
+# What a Secret-backed variable stands for when `dispatcher check` runs a pod's env.
+_DUMMY_SECRETS = {"DEDUPE_STORE_URL": DUMMY_STORE_URL}
 # Custom resources kubernetes-validate has no schema for: it can only warn.
 CRD_KINDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication"}
 
@@ -128,7 +132,7 @@ def dispatcher_check(
     inherited = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("DISPATCHER_", "RABBIT", "LOG_")) and k != "QUEUE_NAME"
+        if not k.startswith(("DISPATCHER_", "RABBIT", "LOG_", "DEDUPE_")) and k != "QUEUE_NAME"
     }
     args = [sys.executable, "-m", "dispatcher", "check"]
     if config is not None:
@@ -147,10 +151,10 @@ def dispatcher_check(
 def pod_check_env(
     deployment: Mapping[str, Any], container_name: str = "dispatcher"
 ) -> dict[str, str]:
-    """The literal env of a container plus the Secret's URL replaced by a dummy one."""
+    """The literal env of a container plus the Secrets' URLs replaced by dummy ones."""
     env = env_of(container(deployment, container_name))
     values = plain_values(env)
     for name, entry in env.items():
         if "valueFrom" in entry:
-            values[name] = DUMMY_BROKER_URL
+            values[name] = _DUMMY_SECRETS.get(name, DUMMY_BROKER_URL)
     return values

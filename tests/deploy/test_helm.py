@@ -18,6 +18,7 @@ from dispatcher.config import parse_duration
 from tests.deploy.manifests import (
     CHART,
     DUMMY_BROKER_URL,
+    DUMMY_STORE_URL,
     ROOT,
     assert_valid,
     config_of,
@@ -431,6 +432,12 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"extraEnv": [{"name": "RABBITMQ_URL", "value": "x"}]},
         ["extraEnv.0.name"],
     ),
+    (
+        "store-url-in-extra-env",
+        {"extraEnv": [{"name": "DEDUPE_STORE_URL", "value": "x"}]},
+        ["extraEnv.0.name"],
+    ),
+    ("store-secret-bad-name", {"dedupeStoreSecret": {"name": "Redis_URL"}}, ["dedupeStoreSecret"]),
     ("bad-mode", {"mode": "daemonset"}, ["mode"]),
     (
         "sidecar-without-image",
@@ -467,6 +474,64 @@ def test_broker_url_in_values_is_refused(skip_schema: bool, tmp_path: Path) -> N
     assert "not-a-secret" not in result.stderr + result.stdout
 
 
+@pytest.mark.parametrize("skip_schema", [False, True], ids=["with-schema", "template-alone"])
+@pytest.mark.parametrize("store", [DUMMY_STORE_URL, ""])
+def test_dedupe_store_in_values_is_refused(skip_schema: bool, store: str, tmp_path: Path) -> None:
+    file = tmp_path / "values.yaml"
+    file.write_text(yaml.safe_dump({"config": {"dedupe": {"store": store}}}))
+    extra = ["--skip-schema-validation"] if skip_schema else []
+    result = helm_template("dispatcher", "--values", file, *extra)
+    assert result.returncode != 0, result.stdout
+    assert "config.dedupe.store must not be set" in result.stderr
+    assert "dedupeStoreSecret" in result.stderr
+    assert "not-a-secret" not in result.stderr + result.stdout
+
+
+def test_dedupe_store_null_is_the_services_default(tmp_path: Path) -> None:
+    # null (no store) carries no password; the service's example may spell it out.
+    file = tmp_path / "values.yaml"
+    file.write_text(yaml.safe_dump({"config": {"dedupe": {"store": None}}}))
+    result = helm_template("dispatcher", "--values", file)
+    assert result.returncode == 0, result.stderr
+    objects = load_objects(result.stdout)
+    assert config_of(objects)["dedupe"] == {"store": None}
+    assert "DEDUPE_STORE_URL" not in env_of(container(the(objects, "Deployment")))
+
+
+def test_dedupe_store_comes_only_from_its_secret(renders: dict[str, Render]) -> None:
+    assert "DEDUPE_STORE_URL" not in env_of(container(renders["default"].deployment))
+    render = renders["everything"]
+    secret = render.values["dedupeStoreSecret"]
+    assert secret["name"]
+    assert env_of(container(render.deployment))["DEDUPE_STORE_URL"] == {
+        "name": "DEDUPE_STORE_URL",
+        "valueFrom": {"secretKeyRef": {"name": secret["name"], "key": secret["key"]}},
+    }
+    assert "store" not in (render.config.get("dedupe") or {})
+    result = helm_template(
+        "dispatcher", "--set", "dedupeStoreSecret.name=redis", "--set", "dedupeStoreSecret.key=u"
+    )
+    assert result.returncode == 0, result.stderr
+    env = env_of(container(the(load_objects(result.stdout), "Deployment")))
+    assert env["DEDUPE_STORE_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis", "key": "u"}}
+
+
+def test_dedupe_store_secret_reaches_the_service(
+    renders: dict[str, Render], tmp_path: Path
+) -> None:
+    """`dispatcher check` with the pod's env sees the Secret's URL as dedupe.store."""
+    render = renders["everything"]
+    config = tmp_path / "dispatcher.yaml"
+    config.write_text(the(render.objects, "ConfigMap")["data"]["dispatcher.yaml"])
+    env = pod_check_env(render.deployment)
+    assert env["DEDUPE_STORE_URL"] == DUMMY_STORE_URL
+    result = dispatcher_check(env, config)
+    assert result.returncode == 0, result.stderr
+    store = yaml.safe_load(result.stdout)["dedupe"]["store"]
+    assert store.startswith("redis://") and "store.invalid" in store
+    assert "not-a-secret" not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -475,7 +540,12 @@ def test_broker_url_in_values_is_refused(skip_schema: bool, tmp_path: Path) -> N
         ({"config": {"http": {"listen": "0.0.0.0:0"}}}, "config.http.listen"),
         ({"brokerSecret": {"name": ""}}, "brokerSecret.name"),
     ],
-    ids=["iso-grace", "loopback-listen", "port-zero", "empty-secret-name"],
+    ids=[
+        "iso-grace",
+        "loopback-listen",
+        "port-zero",
+        "empty-secret-name",
+    ],
 )
 def test_template_guards_hold_without_the_schema(
     values: dict[str, Any], message: str, tmp_path: Path

@@ -125,13 +125,19 @@ port the service actually opens.
 
 {{/*
 The service's config file. broker.url is refused: it holds the password and
-must come from brokerSecret (RABBITMQ_URL). In sidecar mode, bindings without
+must come from brokerSecret (RABBITMQ_URL). So is a dedupe.store URL (null,
+the service's default, is harmless): it may hold a password and must come
+from dedupeStoreSecret (DEDUPE_STORE_URL). In sidecar mode, bindings without
 a subscriber deliver to the subscriber container over loopback.
 */}}
 {{- define "dispatcher.config" -}}
 {{- $config := deepCopy .Values.config }}
 {{- if hasKey ($config.broker | default dict) "url" }}
 {{- fail "config.broker.url must not be set: the broker URL carries the password, so it comes only from the Secret named by brokerSecret (as RABBITMQ_URL). Remove config.broker.url and put the URL in that Secret." }}
+{{- end }}
+{{- $dedupe := $config.dedupe | default dict }}
+{{- if and (hasKey $dedupe "store") (not (kindIs "invalid" $dedupe.store)) }}
+{{- fail "config.dedupe.store must not be set: the store's URL may carry a password, so it comes only from the Secret named by dedupeStoreSecret (as DEDUPE_STORE_URL). Remove config.dedupe.store and put the URL in that Secret." }}
 {{- end }}
 {{- if eq .Values.mode "sidecar" }}
 {{- $local := printf "http://127.0.0.1:%v%s" .Values.sidecar.subscriber.port .Values.sidecar.subscriber.path }}
@@ -143,13 +149,13 @@ a subscriber deliver to the subscriber container over loopback.
 {{- end }}
 {{- /* In the file's own order (as in config/dispatcher.example.yaml), not
        toYaml's alphabetical one, so the ConfigMap reads like the docs. */}}
-{{- $sections := list "broker" "http" "shutdown" "logging" "bindings" }}
+{{- $sections := list "broker" "http" "shutdown" "logging" "dedupe" "bindings" }}
 {{- range $sections }}
 {{- if hasKey $config . }}
 {{ dict . (get $config .) | toYaml }}
 {{- end }}
 {{- end }}
-{{- with omit $config "broker" "http" "shutdown" "logging" "bindings" }}
+{{- with omit $config "broker" "http" "shutdown" "logging" "dedupe" "bindings" }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
