@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tests.deploy.manifests import (
     env_of,
     load_objects,
     pod_check_env,
+    strings_in,
     the,
     yaml_mapping,
 )
@@ -42,6 +44,8 @@ VARIANTS: dict[str, tuple[str, Path | None]] = {
     "everything": ("dispatcher", EXAMPLES / "everything-values.yaml"),
 }
 SCHEMA_ERROR = "values don't meet the specifications of the schema"
+# A URL with a user (and so, usually, a password) in it.
+CREDENTIALS_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s@]*@")
 
 
 def helm_template(release: str, *args: str | Path) -> Any:
@@ -309,25 +313,89 @@ def test_pod_disruption_budget(renders: dict[str, Render]) -> None:
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
-def test_keda_scales_on_the_first_queue_with_the_same_secret(renders: dict[str, Render]) -> None:
-    render = renders["everything"]
-    scaled = the(render.objects, "ScaledObject")
-    auth = the(render.objects, "TriggerAuthentication")
+def _keda(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The ScaledObject, its only trigger and the TriggerAuthentication it names."""
+    scaled = the(objects, "ScaledObject")
+    auth = the(objects, "TriggerAuthentication")
     assert scaled["apiVersion"] == auth["apiVersion"] == "keda.sh/v1alpha1"
-    assert scaled["spec"]["scaleTargetRef"]["name"] == render.deployment["metadata"]["name"]
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "rabbitmq"
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    # The host (a URL with credentials) only ever comes through the TriggerAuthentication.
+    assert not {"host", "hostFromEnv", "username", "password"} & set(trigger["metadata"])
+    return scaled, trigger, auth
+
+
+def _host_from(auth: dict[str, Any], secret: dict[str, str]) -> None:
+    assert auth["spec"] == {
+        "secretTargetRef": [{"parameter": "host", "name": secret["name"], "key": secret["key"]}]
+    }
+
+
+def test_keda_scales_on_the_first_queue(renders: dict[str, Render]) -> None:
+    render = renders["everything"]
+    scaled, trigger, auth = _keda(render.objects)
+    assert scaled["spec"]["scaleTargetRef"]["name"] == render.deployment["metadata"]["name"]
     assert trigger["metadata"]["mode"] == "QueueLength"
     assert trigger["metadata"]["value"] == "200"
     assert trigger["metadata"]["queueName"] == render.values["config"]["bindings"][0]["queue"]
-    assert "host" not in trigger["metadata"]
-    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
-    secret = render.values["brokerSecret"]
-    assert auth["spec"]["secretTargetRef"] == [
-        {"parameter": "host", "name": secret["name"], "key": secret["key"]}
-    ]
+    assert trigger["metadata"]["protocol"] == "http"
+    _host_from(auth, render.values["keda"]["managementSecret"])
     # The HPA owns the replica count; a fixed one would fight it on every upgrade.
     assert "replicas" not in render.deployment["spec"]
+
+
+def test_keda_counts_in_flight_messages_by_default() -> None:
+    """Only keda.enabled set: the management API, unacked included, host from its Secret."""
+    result = helm_template("dispatcher", "--set", "keda.enabled=true")
+    assert result.returncode == 0, result.stderr
+    _, trigger, auth = _keda(load_objects(result.stdout))
+    # In-flight (unacked) messages count: busy replicas are not scaled away.
+    assert trigger["metadata"]["protocol"] == "http"
+    assert trigger["metadata"].get("excludeUnacknowledged", "false") == "false"
+    defaults = yaml_mapping((CHART / "values.yaml").read_text())["keda"]
+    assert defaults["protocol"] == "http"
+    assert defaults["managementSecret"] == {"name": "dispatcher-rabbitmq-management", "key": "url"}
+    _host_from(auth, defaults["managementSecret"])
+
+
+def test_keda_amqp_stays_selectable() -> None:
+    result = helm_template(
+        "dispatcher", "--set", "keda.enabled=true", "--set", "keda.protocol=amqp"
+    )
+    assert result.returncode == 0, result.stderr
+    _, trigger, auth = _keda(load_objects(result.stdout))
+    assert trigger["metadata"]["protocol"] == "amqp"
+    # KEDA refuses excludeUnacknowledged with amqp (it counts ready messages only anyway).
+    assert "excludeUnacknowledged" not in trigger["metadata"]
+    # AMQP needs the broker URL: the dispatcher's own Secret, not the management one.
+    _host_from(auth, {"name": "dispatcher-rabbitmq", "key": "url"})
+
+
+def test_values_say_why_http_is_the_default() -> None:
+    text = (CHART / "values.yaml").read_text()
+    keda = text[text.index("\nkeda:") :]
+    for reference in ("#5050", "#6571", "unacked", "managementSecret"):
+        assert reference in keda, reference
+
+
+@pytest.mark.parametrize(
+    ("values_file", "args"),
+    [(None, []), (None, ["--set", "keda.enabled=true"]), (VARIANTS["everything"][1], [])],
+    ids=["default", "keda-defaults", "everything"],
+)
+def test_no_credentials_in_values_or_rendered_objects(
+    values_file: Path | None, args: list[str]
+) -> None:
+    values = [yaml_mapping((CHART / "values.yaml").read_text())]
+    if values_file:
+        values.append(yaml_mapping(values_file.read_text()))
+    result = helm_template("dispatcher", *values_args(values_file), *args)
+    assert result.returncode == 0, result.stderr
+    for text in [*strings_in(values), *strings_in(load_objects(result.stdout))]:
+        assert not CREDENTIALS_URL.search(text), text
+    # Comments included: the rendered text shows no URL with a user either.
+    assert not CREDENTIALS_URL.search(result.stdout)
 
 
 def test_pdb_refuses_min_and_max_together() -> None:
@@ -437,6 +505,13 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"extraEnv": [{"name": "DEDUPE_STORE_URL", "value": "x"}]},
         ["extraEnv.0.name"],
     ),
+    ("keda-host-in-values", {"keda": {"host": "http://x/"}}, ["keda", "host"]),
+    ("keda-bad-protocol", {"keda": {"protocol": "mqtt"}}, ["keda.protocol"]),
+    (
+        "keda-management-secret-unnamed",
+        {"keda": {"enabled": True, "managementSecret": {"name": ""}}},
+        ["keda.managementSecret.name"],
+    ),
     ("store-secret-bad-name", {"dedupeStoreSecret": {"name": "Redis_URL"}}, ["dedupeStoreSecret"]),
     ("bad-mode", {"mode": "daemonset"}, ["mode"]),
     (
@@ -539,12 +614,19 @@ def test_dedupe_store_secret_reaches_the_service(
         ({"config": {"http": {"listen": "127.0.0.1:9090"}}}, "config.http.listen"),
         ({"config": {"http": {"listen": "0.0.0.0:0"}}}, "config.http.listen"),
         ({"brokerSecret": {"name": ""}}, "brokerSecret.name"),
+        ({"keda": {"enabled": True, "protocol": "mqtt"}}, "keda.protocol"),
+        (
+            {"keda": {"enabled": True, "managementSecret": {"name": ""}}},
+            "keda.managementSecret.name is required with keda.protocol: http",
+        ),
     ],
     ids=[
         "iso-grace",
         "loopback-listen",
         "port-zero",
         "empty-secret-name",
+        "keda-bad-protocol",
+        "keda-unnamed-management-secret",
     ],
 )
 def test_template_guards_hold_without_the_schema(
