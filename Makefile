@@ -61,17 +61,19 @@ run: $(VENV)/.installed
 publish: $(VENV)/.installed
 	$(PY) cmd/publish_demo.py
 
-# The whole suite, every marker included. The shared broker must answer:
-# .ci/broker starts the installed one if it is not running.
+# The whole suite, every marker included. The shared broker and Redis must
+# answer: .ci/broker and .ci/redis start the installed ones if they are not running.
 test: $(VENV)/.installed
 	@bash .ci/broker
+	@bash .ci/redis
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.installed
-	$(PY) -m pytest -m "not broker and not fault and not spark" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not broker and not fault and not spark and not redis" $(PYTEST_ARGS)
 
 test-faults: $(VENV)/.installed
 	@bash .ci/broker
+	@bash .ci/redis
 	$(PY) -m pytest -m fault $(PYTEST_ARGS)
 
 # The benchmarks' own dependencies (aio-pika, aiohttp, httpx, uvloop): only `make bench` installs them.

@@ -19,13 +19,27 @@ at most ``capacity`` settled keys, oldest forgotten first.
 
 Every call runs on the engine loop's thread, so there are no locks; a waiter
 awaits a future, it does not hold a thread.
+
+``SharedDedupe`` adds the store every replica shares (``dedupe.store``,
+``redis_claims``): when one replica's connection dies, the broker redelivers
+to any replica, usually another. Memory is asked first (this process's own
+attempts and settlements, answered at once), then the store: a redelivery
+finds there an event settled by any replica (ack, no request), a claim of a
+live owner (wait, bounded, polling; then ack if it settled, else give it back
+to the broker) or a claim whose owner died (its TTL passed: deliver). A store
+that does not answer leaves memory in charge, as without a store.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import os
+import secrets
+import socket
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal, Protocol
 
 from dispatcher.loop import Future, Waits
 
@@ -41,6 +55,7 @@ class Claim:
 
     key: Key
     done: Future[bool] | None = None
+    shared: tuple[str, str] | None = None  # (store key, owner value) when the store holds it
 
 
 class DedupeStore:
@@ -84,6 +99,10 @@ class DedupeStore:
         """Register an attempt; ``None`` when another attempt for ``key`` is in flight."""
         return None if key in self._in_flight else self._new_claim(key)
 
+    async def claim_first(self, key: Key) -> Claim | None:
+        """``claim`` for a first delivery, awaitable like ``SharedDedupe``'s."""
+        return self.claim(key)
+
     def release(self, claim: Claim, settled: bool) -> None:
         if self._in_flight.get(claim.key) is claim:
             del self._in_flight[claim.key]
@@ -111,3 +130,104 @@ class DedupeStore:
             if expiry > now:
                 return
             del settled[key]
+
+
+class ClaimStore(Protocol):
+    """What ``SharedDedupe`` needs of the shared store (``redis_claims.RedisClaims``)."""
+
+    up: bool
+
+    def claim(self, key: str, owner: str, ttl: float) -> Future[int | None]: ...
+
+    def settle(self, key: str, owner: str, settled: bool, window: float) -> None: ...
+
+
+CLAIMED: Final = 1
+SETTLED: Final = 2
+# A claim's answer is a round trip to a thread and a store with its own timeout;
+# this bounds the wait if the thread is stuck behind a slow batch.
+ANSWER_BOUND: Final = 2.0
+FIRST_POLL: Final = 0.05
+MAX_POLL: Final = 1.0
+
+
+class SharedDedupe:
+    """One binding's duplicate suppression across replicas: memory, then the store."""
+
+    def __init__(
+        self,
+        binding: str,
+        window: float,
+        claim_ttl: float,
+        waits: Waits,
+        store: ClaimStore,
+        local: DedupeStore,
+    ) -> None:
+        self._prefix = f"dispatcher:dedupe:{binding}:"
+        self._window = window
+        self._ttl = claim_ttl  # at least as long as an attempt may take: an owner's bound
+        self._waits = waits
+        self._store = store
+        self._local = local
+        self._owner = f"c:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}:"
+        self._serial = itertools.count()
+
+    @property
+    def enabled(self) -> bool:
+        return self._window > 0
+
+    async def claim_first(self, key: Key) -> Claim | None:
+        claim = self._local.claim(key)
+        if claim is None:
+            return None  # a publisher's duplicate in flight here: the subscriber judges
+        # Claimed in the store so that a redelivery elsewhere waits for this attempt.
+        # Held by another already, or settled: a publisher's duplicate, delivered all the same.
+        await self._shared_claim(claim)
+        return claim
+
+    async def claim_or_wait(self, key: Key, wait: float) -> Claim | Literal["settled", "busy"]:
+        deadline = self._waits.time() + wait
+        found = await self._local.claim_or_wait(key, wait)
+        if not isinstance(found, Claim):
+            return found
+        pause = FIRST_POLL
+        while True:
+            answer = await self._shared_claim(found)
+            if answer is None or answer == CLAIMED:
+                return found  # claimed (or the store is away: memory decides, as before)
+            if answer == SETTLED:
+                self._local.release(found, True)
+                return "settled"
+            # Another replica's attempt holds it: wait for it to settle, be
+            # released, or expire, polling; never send a second request meanwhile.
+            left = deadline - self._waits.time()
+            if left <= 0 or not await self._waits.sleep(min(pause, left)):
+                self._local.release(found, False)
+                return "busy"
+            pause = min(pause * 2, MAX_POLL)
+
+    def release(self, claim: Claim, settled: bool) -> None:
+        self._local.release(claim, settled)
+        if claim.shared is not None:
+            store_key, owner = claim.shared
+            self._store.settle(store_key, owner, settled, self._window)
+
+    async def _shared_claim(self, claim: Claim) -> int | None:
+        store_key = self._store_key(claim.key)
+        owner = f"{self._owner}{next(self._serial)}"
+        answer = await self._waits.wait(
+            self._store.claim(store_key, owner, self._ttl), ANSWER_BOUND
+        )
+        if answer == CLAIMED:
+            claim.shared = (store_key, owner)
+        return answer
+
+    def _store_key(self, key: Key) -> str:
+        source, event_id = key
+        digest = hashlib.blake2b(
+            f"{source}\0{event_id}".encode("utf-8", "surrogatepass"), digest_size=16
+        ).hexdigest()
+        return self._prefix + digest
+
+
+Dedupe = DedupeStore | SharedDedupe

@@ -38,7 +38,7 @@ from typing import Any
 from dispatcher import events, logs
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
-from dispatcher.dedupe import Claim, DedupeStore
+from dispatcher.dedupe import Claim, Dedupe
 from dispatcher.delivery import HttpTarget, Result
 from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event, Unreadable
@@ -88,6 +88,15 @@ class _ReplyProblem:
     invalid: bool  # the reply itself is bad (dead-letter) vs. its target failed (retry later)
 
 
+def longest_attempt(binding: BindingSettings, subscriber: HttpTarget) -> float:
+    """How long a first attempt may hold its claim: its own deadline plus what may
+    follow it (dead-letter sink, reply URL, each bounded like it; publishes; the
+    requeue wait). A redelivery waits this long at most, and a shared claim
+    expires after it, so a dead owner's claim ends."""
+    d = binding.delivery
+    return 3 * subscriber.deadline_seconds() + 3 * d.timeout + d.backoff_max
+
+
 class Handler:
     def __init__(
         self,
@@ -96,7 +105,7 @@ class Handler:
         subscriber: HttpTarget,
         dead_letterer: DeadLetterer,
         replier: Replier,
-        dedupe: DedupeStore,
+        dedupe: Dedupe,
         metrics: BindingMetrics,
         waits: Waits,
         lines: logs.DeliveryLines,
@@ -115,9 +124,7 @@ class Handler:
         self._log = log.bind(binding=binding.name)
         d = binding.delivery
         self._requeue_backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
-        # A first attempt ends within its own deadline plus what may follow it:
-        # dead-letter sink, reply URL (each bounded like it), publishes, the requeue wait.
-        self._dedupe_wait = 3 * subscriber.deadline_seconds() + 3 * d.timeout + d.backoff_max
+        self._dedupe_wait = longest_attempt(binding, subscriber)
         self._own_dlx = (
             binding.declare is not None and binding.declare.dead_letter_exchange is not None
         )
@@ -145,7 +152,7 @@ class Handler:
                 return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
             claim = found
         elif self._dedupe.enabled:
-            claim = self._dedupe.claim(event.key)  # None: a publisher's duplicate, in flight
+            claim = await self._dedupe.claim_first(event.key)  # None: a publisher's duplicate
         settled = False
         try:
             final = await self._settle(event, problem, delivery.message)

@@ -28,16 +28,17 @@ from dispatcher.broker import Supervisor
 from dispatcher.broker_params import virtual_host
 from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
-from dispatcher.dedupe import DedupeStore
+from dispatcher.dedupe import Dedupe, DedupeStore, SharedDedupe
 from dispatcher.delivery import HttpTarget
 from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError
 from dispatcher.filters import compile_filter
-from dispatcher.handler import Handler
+from dispatcher.handler import Handler, longest_attempt
 from dispatcher.httpclient import Endpoint, endpoint
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import Publisher
+from dispatcher.redis_claims import RedisClaims
 from dispatcher.reply import Replier
 from dispatcher.server import OpsServer
 
@@ -85,6 +86,14 @@ class Service:
             )
         except (OSError, ssl.SSLError, ValueError) as e:
             raise ConfigError("broker.tls", f"cannot load: {e}") from e
+        try:
+            self.claims = (
+                RedisClaims(settings.dedupe.store, self.engine.loop, self.metrics)
+                if settings.dedupe.store is not None
+                else None
+            )
+        except ValueError as e:  # redis-py's reading of the URL (a bad query parameter)
+            raise ConfigError("dedupe.store", str(e)) from e
         self.engine.settle_with(self.supervisor.settle)
         self.supervisor.deliver_to(self.engine.submit)
         try:
@@ -145,7 +154,7 @@ class Service:
             Replier(
                 binding.reply, binding.content_mode, reply_target, self.publisher, publish_timeout
             ),
-            DedupeStore(binding.dedupe_window, engine.waits),
+            self._dedupe(binding, longest_attempt(binding, subscriber)),
             metrics,
             engine.waits,
             engine.lines,
@@ -155,6 +164,15 @@ class Service:
             log.warning("filter is ignored: filters is set (as in Knative)", binding=binding.name)
         engine.add_binding(binding.name, handler, metrics)
         self.supervisor.add_binding(binding)
+
+    def _dedupe(self, binding: BindingSettings, claim_ttl: float) -> Dedupe:
+        local = DedupeStore(binding.dedupe_window, self.engine.waits)
+        if self.claims is None:
+            return local
+        waits = self.engine.waits
+        return SharedDedupe(
+            binding.name, binding.dedupe_window, claim_ttl, waits, self.claims, local
+        )
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -172,6 +190,8 @@ class Service:
         _allow_open_files(self._sockets_needed)
         self.ops.start()
         self.engine.start()
+        if self.claims is not None:
+            self.claims.start()
         if self.publisher is not None:
             self.publisher.start()
         self.supervisor.start()
@@ -201,6 +221,8 @@ class Service:
         if self.publisher is not None:
             self.publisher.close(timeout=CLOSE_BOUND)
         self.engine.stop(timeout=CLOSE_BOUND)
+        if self.claims is not None:
+            self.claims.close(timeout=CLOSE_BOUND)  # the last settlements, bounded
         self.ops.close()
         gc.unfreeze()  # an embedding process (a test run) goes on collecting as before
         gc.set_threshold(*self._gc_threshold)

@@ -1,0 +1,247 @@
+"""The shared dedupe store's client: claims and settlements in Redis, off the engine.
+
+redis-py's client blocks, and the engine's loop must never block, so one
+thread of its own (``redis-claims``) talks to Redis. The engine hands it
+operations and gets a loop future back per claim; the thread takes every
+operation queued meanwhile and sends them as two script calls in one
+pipeline (one round trip, however many deliveries are starting), then
+resolves the futures on the loop. Under load a batch holds tens of claims, so
+the store costs a few microseconds per delivery, not a round trip each.
+
+Keys are ``dispatcher:dedupe:<binding>:<digest of source and id>``; a value is
+``c:<owner>`` while a delivery holds it (expiring with the claim's TTL, so a
+dead owner's claim ends) or ``s`` once the event is settled (expiring after
+the binding's ``dedupe_window``). Only the owner's own settlement changes its
+claim: the scripts compare the value, as a blind DEL or SET could end a claim
+that has since passed to another replica.
+
+Failures never stop delivery. Every call has a short timeout
+(``CALL_TIMEOUT``); a failed call resolves its claims with ``None`` (the
+caller falls back to in-process memory), counts
+``dispatcher_dedupe_store_errors_total``, sets ``dispatcher_dedupe_store_up``
+to 0 and logs once. While the store is down no claim waits for it: they are
+answered ``None`` at once, and a ping every ``PROBE_INTERVAL`` finds it again.
+Settlements that could not be written are kept (up to ``MAX_PENDING``) and
+written when it answers, so a claim made before an outage does not linger
+until its TTL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+import redis
+
+from dispatcher.config import redact_url
+from dispatcher.logs import get_logger
+from dispatcher.loop import Future, Loop
+from dispatcher.metrics import Metrics
+
+log = get_logger()
+
+CALL_TIMEOUT: Final = 0.5  # connect, send and answer of one batch
+PROBE_INTERVAL: Final = 1.0  # while down: how often to try again
+MAX_PENDING: Final = 100_000  # settlements kept across an outage
+_IDLE_WAKE: Final = 1.0
+
+# Per key (KEYS[i]) and its two arguments (owner value, TTL in ms): 1 claimed
+# by us, 2 settled, 0 claimed by another owner.
+_CLAIM: Final = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local mine = ARGV[2 * i - 1]
+  if redis.call('SET', key, mine, 'NX', 'PX', ARGV[2 * i]) then
+    out[i] = 1
+  elseif redis.call('GET', key) == 's' then
+    out[i] = 2
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# Per key and three arguments (owner value, settled 1/0, window in ms): a settled
+# event is marked unless another owner holds the key now; a released claim is
+# deleted only if it is still ours.
+_SETTLE: Final = """
+for i, key in ipairs(KEYS) do
+  local mine = ARGV[3 * i - 2]
+  local held = redis.call('GET', key)
+  if ARGV[3 * i - 1] == '1' then
+    if held == mine or held == false then
+      redis.call('SET', key, 's', 'PX', ARGV[3 * i])
+    end
+  elseif held == mine then
+    redis.call('DEL', key)
+  end
+end
+return 0
+"""
+
+
+@dataclass(slots=True)
+class _Claim:
+    key: str
+    owner: str
+    ttl_ms: int
+    future: Future[int | None]
+
+
+@dataclass(slots=True)
+class _Settle:
+    key: str
+    owner: str
+    settled: bool
+    window_ms: int
+
+
+class RedisClaims:
+    """One per service: the thread, the client and the health of the store."""
+
+    def __init__(self, url: str, loop: Loop, metrics: Metrics) -> None:
+        self._url = url
+        self._loop = loop
+        self._metrics = metrics
+        self._up_gauge = metrics.enable_dedupe_store()
+        self._client: Any = redis.Redis.from_url(
+            url,
+            socket_timeout=CALL_TIMEOUT,
+            socket_connect_timeout=CALL_TIMEOUT,
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        self._claim_script: Any = self._client.register_script(_CLAIM)
+        self._settle_script: Any = self._client.register_script(_SETTLE)
+        self._claims: deque[_Claim] = deque()
+        self._settles: deque[_Settle] = deque()
+        self._ready = threading.Condition()
+        self._closing = False
+        # Read by the loop thread without the lock: a stale value costs one
+        # claim answered from memory, or one that waits a call's timeout.
+        self.up = True
+        self._up_gauge.set(1)
+        self._thread = threading.Thread(target=self._run, name="redis-claims", daemon=True)
+
+    # ----------------------------------------------------------------- the loop thread
+
+    def claim(self, key: str, owner: str, ttl: float) -> Future[int | None]:
+        """1: claimed for ``owner``; 2: settled; 0: another owner holds it; None:
+        the store did not answer (resolved at once while it is known to be down)."""
+        future: Future[int | None] = self._loop.create_future()
+        if not self.up:
+            future.resolve(None)
+            return future
+        with self._ready:
+            self._claims.append(_Claim(key, owner, max(1, round(ttl * 1000)), future))
+            self._ready.notify()
+        return future
+
+    def settle(self, key: str, owner: str, settled: bool, window: float) -> None:
+        """Mark the event settled for ``window`` (or release the claim); not awaited."""
+        with self._ready:
+            if len(self._settles) >= MAX_PENDING:
+                self._settles.popleft()  # oldest first: its claim is the nearest to expiring
+            self._settles.append(_Settle(key, owner, settled, max(1, round(window * 1000))))
+            self._ready.notify()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float) -> None:
+        """Write what is queued (bounded by ``timeout``), then stop."""
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
+        self._thread.join(timeout)
+        self._client.close()
+
+    # ----------------------------------------------------------------- the redis thread
+
+    def _run(self) -> None:
+        while True:
+            claims, settles, closing = self._take()
+            if claims or settles:
+                self._call(claims, settles)
+            if closing:
+                if not self.up or not self._pending():
+                    return  # all written, or the store is gone: nothing more will be
+            elif not self.up:
+                self._probe()
+
+    def _take(self) -> tuple[list[_Claim], list[_Settle], bool]:
+        with self._ready:
+            if self.up:
+                if not (self._claims or self._settles or self._closing):
+                    self._ready.wait(_IDLE_WAKE)
+            else:
+                # Down: settlements wait for the store, and a ping per interval, not
+                # per settlement, looks for it (a busy engine queues thousands).
+                self._ready.wait_for(lambda: self._closing or bool(self._claims), PROBE_INTERVAL)
+            claims = list(self._claims)
+            self._claims.clear()
+            settles: list[_Settle] = []
+            if self.up:
+                settles = list(self._settles)
+                self._settles.clear()
+            return claims, settles, self._closing
+
+    def _pending(self) -> bool:
+        with self._ready:
+            return bool(self._claims or self._settles)
+
+    def _call(self, claims: list[_Claim], settles: list[_Settle]) -> None:
+        if not self.up:
+            self._answer(claims, None)
+            return
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            if claims:
+                args = [value for c in claims for value in (c.owner, c.ttl_ms)]
+                self._claim_script(keys=[c.key for c in claims], args=args, client=pipe)
+            if settles:
+                args = [value for s in settles for value in (s.owner, int(s.settled), s.window_ms)]
+                self._settle_script(keys=[s.key for s in settles], args=args, client=pipe)
+            results = pipe.execute()
+        except (redis.RedisError, OSError) as e:
+            self._failed(e)
+            self._answer(claims, None)
+            with self._ready:
+                self._settles.extendleft(reversed(settles))  # again, once it answers
+            return
+        self._set_up(True)
+        if claims:
+            for claim, found in zip(claims, results[0], strict=True):
+                self._loop.call_soon_threadsafe(claim.future.resolve, int(found))
+
+    def _answer(self, claims: list[_Claim], value: int | None) -> None:
+        for claim in claims:
+            self._loop.call_soon_threadsafe(claim.future.resolve, value)
+
+    def _probe(self) -> None:
+        try:
+            self._client.ping()
+        except (redis.RedisError, OSError):
+            return
+        self._set_up(True)
+
+    def _failed(self, error: Exception) -> None:
+        self._metrics.dedupe_store_errors.inc()
+        if self.up:
+            log.warning(
+                "dedupe store unavailable; using this process's memory",
+                store=redact_url(self._url),
+                error=f"{type(error).__name__}: {error}",
+            )
+        self._set_up(False)
+
+    def _set_up(self, up: bool) -> None:
+        if up and not self.up:
+            log.info("dedupe store available again", store=redact_url(self._url))
+        self.up = up
+        self._up_gauge.set(1 if up else 0)

@@ -1,0 +1,224 @@
+"""The shared dedupe store against real Redis: two replicas' claims, and the store's faults.
+
+Each "replica" here is a ``SharedDedupe`` with its own ``RedisClaims`` (thread,
+client, owner id) on one engine loop: what two processes would hold. The
+normal path uses the shared Redis at 127.0.0.1:6379 under a binding name of
+the test's own, deleted after; the faults use a ``redis-server`` of the
+test's own, killed, paused and restarted empty.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+from dispatcher.dedupe import Claim, DedupeStore, SharedDedupe
+from dispatcher.loop import Loop, Waits
+from dispatcher.metrics import Metrics
+from dispatcher.redis_claims import CALL_TIMEOUT, RedisClaims
+from tests.support.broker import unique
+from tests.support.redis_server import SHARED_URL, RedisServer, binding_keys, delete_binding_keys
+
+pytestmark = pytest.mark.redis
+
+KEY = ("/orders", "e-1")
+
+
+class Replica:
+    def __init__(self, loop: Loop, url: str, binding: str, ttl: float = 30.0) -> None:
+        self.metrics = Metrics()
+        self.claims = RedisClaims(url, loop, self.metrics)
+        self.claims.start()
+        waits = Waits(loop)
+        self.dedupe = SharedDedupe(binding, 60.0, ttl, waits, self.claims, DedupeStore(60.0, waits))
+
+    def close(self) -> None:
+        self.claims.close(5.0)
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    made = Loop("test")
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def binding() -> Iterator[str]:
+    name = unique("dd")
+    yield name
+    delete_binding_keys(name)
+
+
+@pytest.fixture
+def replicas(loop: Loop, binding: str) -> Iterator[Callable[..., Replica]]:
+    made: list[Replica] = []
+
+    def make(url: str = SHARED_URL, ttl: float = 30.0) -> Replica:
+        replica = Replica(loop, url, binding, ttl)
+        made.append(replica)
+        return replica
+
+    yield make
+    for replica in made:
+        replica.close()
+
+
+def run(loop: Loop, coro: Coroutine[Any, Any, Any]) -> Any:
+    return loop.run_until_complete(coro)
+
+
+def test_a_redelivery_elsewhere_finds_the_event_settled(loop, replicas, binding) -> None:
+    a, b = replicas(), replicas()
+    claim = run(loop, a.dedupe.claim_first(KEY))
+    assert claim is not None and claim.shared is not None
+    a.dedupe.release(claim, settled=True)
+    assert run(loop, b.dedupe.claim_or_wait(KEY, 5.0)) == "settled"
+    assert list(binding_keys(binding).values()) == ["s"]
+
+
+def test_a_redelivery_waits_for_the_live_owner_then_acks(loop, replicas) -> None:
+    a, b = replicas(), replicas()
+    claim = run(loop, a.dedupe.claim_first(KEY))
+    loop.call_later(0.3, a.dedupe.release, claim, True)  # A's attempt ends while B waits
+    started = time.monotonic()
+    assert run(loop, b.dedupe.claim_or_wait(KEY, 10.0)) == "settled"
+    assert 0.25 < time.monotonic() - started < 5
+
+
+def test_a_released_claim_passes_to_the_redelivery(loop, replicas) -> None:
+    a, b = replicas(), replicas()
+    claim = run(loop, a.dedupe.claim_first(KEY))
+    loop.call_later(0.2, a.dedupe.release, claim, False)  # failed: left to the broker
+    found = run(loop, b.dedupe.claim_or_wait(KEY, 10.0))
+    assert isinstance(found, Claim) and found.shared is not None
+
+
+def test_a_live_owner_past_the_wait_gives_busy_and_keeps_its_claim(loop, replicas, binding) -> None:
+    a, b = replicas(), replicas()
+    run(loop, a.dedupe.claim_first(KEY))
+    assert run(loop, b.dedupe.claim_or_wait(KEY, 0.3)) == "busy"
+    [held] = binding_keys(binding).values()
+    assert held.startswith("c:")  # still A's: B never sends a second request
+
+
+def test_a_dead_owners_claim_ends_with_its_ttl(loop, replicas) -> None:
+    a, b = replicas(ttl=1.0), replicas(ttl=1.0)
+    run(loop, a.dedupe.claim_first(KEY))
+    a.close()  # A dies with its claim held
+    started = time.monotonic()
+    found = run(loop, b.dedupe.claim_or_wait(KEY, 10.0))
+    waited = time.monotonic() - started
+    assert isinstance(found, Claim) and found.shared is not None
+    assert 0.8 < waited < 3.0, waited
+
+
+def test_only_the_owner_releases_its_claim(loop, replicas, binding) -> None:
+    a, b = replicas(ttl=1.0), replicas()
+    stale = run(loop, a.dedupe.claim_first(KEY))
+    _eventually(lambda: binding_keys(binding), lambda keys: not keys)  # its TTL (1 s) passed
+    fresh = run(loop, b.dedupe.claim_first(KEY))
+    assert fresh is not None and fresh.shared is not None
+    a.dedupe.release(stale, False)  # A's late release must not end B's claim
+    a.claims.close(5.0)
+    assert list(binding_keys(binding).values()) == [fresh.shared[1]]
+
+
+def test_a_publishers_duplicate_is_still_delivered(loop, replicas) -> None:
+    a, b = replicas(), replicas()
+    first = run(loop, a.dedupe.claim_first(KEY))
+    a.dedupe.release(first, True)
+    again = run(loop, b.dedupe.claim_first(KEY))  # not a redelivery: the subscriber judges
+    assert again is not None and again.shared is None
+
+
+# ----------------------------------------------------------------- faults
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    started = RedisServer().start()
+    yield started
+    started.close()
+
+
+def test_a_dead_store_costs_no_delivery_and_is_found_again(loop, replicas, server) -> None:
+    a = replicas(server.url)
+    before = run(loop, a.dedupe.claim_first(("/orders", "before")))
+    assert before is not None and before.shared is not None
+    with structlog.testing.capture_logs() as logged:
+        server.kill()
+        started = time.monotonic()
+        claim = run(loop, a.dedupe.claim_first(KEY))
+        assert claim is not None and claim.shared is None  # memory took it
+        assert time.monotonic() - started < 2 * CALL_TIMEOUT + 1
+        assert a.metrics.value("dispatcher_dedupe_store_up") == 0
+        assert a.metrics.value("dispatcher_dedupe_store_errors_total") >= 1
+        started = time.monotonic()
+        for n in range(20):  # while down nobody waits for it
+            run(loop, a.dedupe.claim_first(("/orders", f"down-{n}")))
+        assert time.monotonic() - started < 1.0
+        # Settled during the outage: written once the store answers again.
+        a.dedupe.release(before, True)
+        server.start()
+        deadline = time.monotonic() + 10
+        while not a.claims.up and time.monotonic() < deadline:
+            run(loop, loop_sleep(loop, 0.05))
+        assert a.metrics.value("dispatcher_dedupe_store_up") == 1
+        back = run(loop, a.dedupe.claim_first(("/orders", "after")))
+        assert back is not None and back.shared is not None
+    events = [e["event"] for e in logged]
+    assert events.count("dedupe store unavailable; using this process's memory") == 1
+    assert events.count("dedupe store available again") == 1
+    keys = _eventually(server.keys, lambda found: "s" in found.values())
+    assert "s" in keys.values()
+
+
+def test_a_paused_store_answers_within_the_call_timeout(loop, replicas, server) -> None:
+    a = replicas(server.url)
+    server.pause()
+    try:
+        started = time.monotonic()
+        claim = run(loop, a.dedupe.claim_first(KEY))
+        elapsed = time.monotonic() - started
+    finally:
+        server.resume()
+    assert claim is not None and claim.shared is None
+    assert elapsed < 2 * CALL_TIMEOUT + 1, elapsed
+    assert a.metrics.value("dispatcher_dedupe_store_errors_total") >= 1
+
+
+def test_a_store_restarted_empty_takes_claims_again(loop, replicas, server) -> None:
+    a = replicas(server.url)
+    first = run(loop, a.dedupe.claim_first(KEY))
+    assert first is not None and first.shared is not None
+    server.kill()
+    server.start()  # empty: nothing was saved
+    deadline = time.monotonic() + 10
+    found = None
+    while time.monotonic() < deadline:
+        found = run(loop, a.dedupe.claim_first(("/orders", f"e-{time.monotonic()}")))
+        if found is not None and found.shared is not None:
+            break
+        run(loop, loop_sleep(loop, 0.1))
+    assert found is not None and found.shared is not None
+    assert a.metrics.value("dispatcher_dedupe_store_up") == 1
+
+
+async def loop_sleep(loop: Loop, seconds: float) -> None:
+    await loop.sleep(seconds)
+
+
+def _eventually(
+    read: Callable[[], dict[str, str]], ok: Callable[[dict[str, str]], bool]
+) -> dict[str, str]:
+    deadline = time.monotonic() + 10
+    while True:
+        value = read()
+        if ok(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)

@@ -1,0 +1,115 @@
+"""Redis for tests: the shared one at 127.0.0.1:6379 (own key prefix, cleaned up)
+and disposable ``redis-server`` processes that fault tests kill, pause and restart.
+
+The shared Redis is never stopped, paused or reconfigured.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import redis
+
+from tests.support.node import free_port
+
+SHARED_URL = "redis://127.0.0.1:6379/0"
+
+
+def delete_binding_keys(binding: str, url: str = SHARED_URL) -> int:
+    """Remove what a test's binding left in the store (its keys only)."""
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        keys = list(client.scan_iter(match=f"dispatcher:dedupe:{binding}:*", count=1000))
+        return int(client.delete(*keys)) if keys else 0
+    finally:
+        client.close()
+
+
+def binding_keys(binding: str, url: str = SHARED_URL) -> dict[str, str]:
+    client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
+    try:
+        keys = client.scan_iter(match=f"dispatcher:dedupe:{binding}:*", count=1000)
+        return {key: str(client.get(key)) for key in keys}
+    finally:
+        client.close()
+
+
+class RedisServer:
+    """A ``redis-server`` of the test's own on a free port, no persistence."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise AssertionError("redis-server is not installed (make test installs it: .ci/redis)")
+        self._binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="redis-server-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        """Start (again, empty: nothing is saved) and wait until it answers."""
+        self.proc = subprocess.Popen(
+            [
+                self._binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while not self.answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.05)
+        return self
+
+    def answers(self) -> bool:
+        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except (redis.RedisError, OSError):
+            return False
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def keys(self) -> dict[str, str]:
+        client = redis.Redis(port=self.port, socket_timeout=5, decode_responses=True)
+        try:
+            return {key: str(client.get(key)) for key in client.scan_iter(count=1000)}
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
