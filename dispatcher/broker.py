@@ -3,10 +3,15 @@
 It connects, opens one channel per binding (so a channel-level close of one
 binding does not disturb the others), sets prefetch, consumes, notices every
 way consumption can stop, and rebuilds with jittered exponential backoff,
-forever. Messages are handed to the delivery engine; the engine hands its
-verdicts back in batches through ``settle``, which queues them and wakes the
-pika thread with ``add_callback_threadsafe`` (one wake-up per batch, not per
-ack).
+forever. With a cluster's nodes in ``broker.url``, every connect goes to the
+node after the one tried last (``broker_params.Rotation``): losing the
+connection to one node leads straight to the next, and the backoff applies
+only when a whole round of nodes failed. The node connected to is logged
+(``host:port``) and shown by ``dispatcher_broker_node``.
+
+Messages are handed to the delivery engine; the engine hands its verdicts
+back in batches through ``settle``, which queues them and wakes the pika
+thread with ``add_callback_threadsafe`` (one wake-up per batch, not per ack).
 
 Every delivery carries the generation of the channel it arrived on. A verdict
 for a generation that is gone is dropped and counted as a stale ack: delivery
@@ -45,7 +50,7 @@ import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
 from dispatcher import amqp_properties
-from dispatcher.broker_params import connection_parameters, reconnect_backoff, release
+from dispatcher.broker_params import Node, Rotation, nodes, reconnect_backoff, release
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.engine import Verdict
 from dispatcher.events import AmqpMessage, Unreadable, amqp_message
@@ -82,10 +87,11 @@ class Supervisor:
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._broker = broker
-        # Built once (URL, TLS files): raises here, at start, for a bad CA or key.
-        self._params = connection_parameters(broker, "consumer")
         self._metrics = metrics
         self._reconnect = reconnect_backoff(broker, rng)
+        # Built once (URLs, TLS files): raises here, at start, for a bad CA or key.
+        self._rotation = Rotation(nodes(broker, "consumer"), self._reconnect)
+        self._node: Node = self._rotation.nodes[0]  # the pika thread's: tried last
         self._bindings: dict[str, _Binding] = {}
         self._generations = itertools.count(1)
         self._lock = threading.Lock()
@@ -97,6 +103,7 @@ class Supervisor:
         self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
         self._close_reason = "connection_lost"
         self._was_open = False
+        self._used = False  # this connection got a channel ready: it served
         self.last_tick = time.monotonic()
 
     def add_binding(self, settings: BindingSettings) -> None:
@@ -152,20 +159,22 @@ class Supervisor:
     # ----------------------------------------------------------------- the pika thread
 
     def _run(self) -> None:
-        failures = 0
         while not self._stopping.is_set():
+            node = self._node = self._rotation.next()
             try:
-                reason = self._serve_one_connection()
+                reason = self._serve_one_connection(node)
             except Exception:
                 # Never let the one thread that consumes die: log, back off, rebuild.
-                log.exception("broker supervisor error")
+                log.exception("broker supervisor error", node=node.label)
                 reason = "error"
             if self._stopping.is_set():
                 break
-            failures = 0 if self._was_open else failures + 1
             self._metrics.reconnects.labels(reason).inc()
-            delay = self._reconnect.wait(failures)
-            log.warning("broker disconnected", reason=reason, retry_in_s=round(delay, 3))
+            # 0 while other nodes of the round are left to try.
+            delay = self._rotation.ended(opened=self._was_open, used=self._used)
+            log.warning(
+                "broker disconnected", node=node.label, reason=reason, retry_in_s=round(delay, 3)
+            )
             self._wait_ticking(delay)
         log.info("broker supervisor stopped")
 
@@ -179,11 +188,12 @@ class Supervisor:
                 return
             self._stopping.wait(min(left, _TICK))
 
-    def _serve_one_connection(self) -> str:
+    def _serve_one_connection(self, node: Node) -> str:
         self._close_reason = "connect_failed"
         self._was_open = False
+        self._used = False
         connection = SelectConnection(
-            self._params,
+            node.parameters,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_close,
@@ -199,6 +209,7 @@ class Supervisor:
             for b in self._bindings.values():
                 self._forget_channel(b)
             self._metrics.broker_connected.set(0)
+            self._metrics.set_broker_node(None)
             self._metrics.set_blocked("consumer", False)
             release(connection)
         return self._close_reason
@@ -211,7 +222,8 @@ class Supervisor:
         self._was_open = True
         self._close_reason = "connection_lost"
         self._metrics.broker_connected.set(1)
-        log.info("broker connected", connection=self._broker.connection_name)
+        self._metrics.set_broker_node(self._node.label)
+        log.info("broker connected", node=self._node.label, connection=self._broker.connection_name)
         connection.add_on_connection_blocked_callback(self._on_blocked)
         connection.add_on_connection_unblocked_callback(self._on_unblocked)
         self._apply_verdicts()  # verdicts queued while disconnected are stale: count them
@@ -223,7 +235,7 @@ class Supervisor:
 
     def _on_open_error(self, connection: Any, error: Exception) -> None:
         self._close_reason = "connect_failed"
-        log.warning("broker connect failed", error=_describe(error))
+        log.warning("broker connect failed", node=self._node.label, error=_describe(error))
         connection.ioloop.stop()
 
     def _on_close(self, connection: Any, reason: Exception) -> None:
@@ -231,7 +243,12 @@ class Supervisor:
             self._close_reason = "shutdown"
         else:
             self._close_reason = _close_reason(reason, self._close_reason)
-        log.info("broker connection closed", reason=self._close_reason, detail=_describe(reason))
+        log.info(
+            "broker connection closed",
+            node=self._node.label,
+            reason=self._close_reason,
+            detail=_describe(reason),
+        )
         connection.ioloop.stop()
 
     def _on_blocked(self, _connection: Any, _frame: Any) -> None:
@@ -275,6 +292,7 @@ class Supervisor:
         if generation != b.generation:
             return
         b.ready = True
+        self._used = True
         orphans = b.in_flight
         if orphans >= b.settings.workers:
             log.warning(

@@ -23,6 +23,7 @@ DLX_NAME               dead_letter.exchange         the trigger's dead-letter ex
 DEAD_LETTER_SINK       dead_letter.sink             (ours; Knative resolves it elsewhere)
 BROKER_INGRESS_URL     reply.url                    replies go back into the broker
 RABBITMQ_VHOST         broker.url's virtual host    replaces the URL's vhost when set
+                                                    (every node's, for a cluster)
 SUBSCRIBER_CACERTS     bindings[0].tls.ca_file      PEM text (kept in a private file)
 DLX                    (no effect)                  Knative acks failures on its DLQ
                                                     dispatcher, dropping them; we never
@@ -36,6 +37,9 @@ applies a Trigger's ``filter.attributes`` as the queue's binding arguments
 no OIDC for this broker class. Its other variables (``K_LOGGING_CONFIG``,
 ``K_OBSERVABILITY_CONFIG``, ``K_KLOG_VERBOSITY``, ``SYSTEM_NAMESPACE``,
 ``NAMESPACE``, ``CONTAINER_NAME``, ``POD_NAME``, ``REQUEUE``) are ignored.
+
+``RABBITMQ_URL`` (ours) may name a cluster's nodes, comma-separated, as
+everywhere (``config``); ``RABBITMQ_VHOST`` then applies to each of them.
 
 Durations (BACKOFF_DELAY, TIMEOUT) are Go durations as Knative writes them
 (``50ms``, ``1m30s``, ``500µs``), which ``config.parse_duration`` reads.
@@ -119,9 +123,17 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"broker": {"url": broker_url}, "bindings": [binding]}
 
 
-def _with_vhost(url: str, vhost: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
+# How ``config`` splits RABBITMQ_URL into nodes: only a comma before amqp:// or
+# amqps:// separates (a password may hold commas).
+_NODE_SEPARATOR = re.compile(r"\s*,\s*(?=amqps?://)", re.IGNORECASE)
+
+
+def _with_vhost(urls: str, vhost: str) -> str:
+    """``urls`` (one URL, or a cluster's comma-separated) with ``vhost`` in each."""
+    path = "/" + quote(vhost, safe="")
+    return ",".join(
+        urlunsplit(urlsplit(url)._replace(path=path)) for url in _NODE_SEPARATOR.split(urls)
+    )
 
 
 def _pem_file(pem: str) -> str:

@@ -5,7 +5,10 @@ alarm blocks connections that publish, and a blocked consuming connection
 would stop acks from being read. Nor does it open a connection or channel per
 message (FIELD-NOTES failure 4). One thread owns one ``SelectConnection``
 with one confirm channel, connected at start and rebuilt with backoff
-whenever it breaks.
+whenever it breaks. With a cluster's nodes in ``broker.url`` it goes round
+them as the consumer does (``broker_params.Rotation``): a lost connection
+leads straight to the next node, the backoff comes after a whole round
+failed, and logs name the node (``host:port``).
 
 Deliveries on the engine loop call ``publish`` and await the answer: ``None``
 once the broker confirmed the message, else why not (nacked, returned as
@@ -48,7 +51,7 @@ from pika.adapters.select_connection import SelectConnection
 from pika.spec import Basic
 
 from dispatcher import events
-from dispatcher.broker_params import connection_parameters, reconnect_backoff, release
+from dispatcher.broker_params import Node, Rotation, nodes, reconnect_backoff, release
 from dispatcher.config import BrokerSettings
 from dispatcher.confirm_window import ConfirmWindow
 from dispatcher.events import Event
@@ -89,8 +92,8 @@ class Publisher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # Built once: URL parsing and TLS files are not re-read on every reconnect.
-        self._params = connection_parameters(broker, "publisher")
         self._reconnect = reconnect_backoff(broker)
+        self._rotation = Rotation(nodes(broker, "publisher"), self._reconnect)
         self._loop = loop
         self._on_blocked = on_blocked or (lambda _blocked: None)
         self._clock = clock
@@ -103,6 +106,7 @@ class Publisher:
         self._channel_failures = 0
         self._blocked = False  # the publisher thread's: a resource alarm blocks us
         self._heard_blocked = False  # this connection got Connection.Blocked, no Unblocked
+        self._used = False  # this connection's confirm channel got ready
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
         self.connections_opened = 0  # long-lived: stays 1 while the broker stays up
@@ -184,23 +188,25 @@ class Publisher:
     # ----------------------------------------------------------------- the publisher thread
 
     def _run(self) -> None:
-        failures = 0
         while not self._stopping.is_set():
-            opened = self._serve_one_connection()
+            node = self._rotation.next()
+            opened, used = self._serve_one_connection(node)
             if self._stopping.is_set():
                 break
-            failures = 0 if opened else failures + 1
-            delay = self._reconnect.wait(failures)
-            log.warning("publisher disconnected", retry_in_s=round(delay, 3))
+            # 0 while other nodes of the round are left to try.
+            delay = self._rotation.ended(opened=opened, used=used)
+            log.warning("publisher disconnected", node=node.label, retry_in_s=round(delay, 3))
             self._stopping.wait(delay)
 
-    def _serve_one_connection(self) -> bool:
+    def _serve_one_connection(self, node: Node) -> tuple[bool, bool]:
+        """One connection to ``node``, until it ends: (it opened, its channel got ready)."""
         opened = threading.Event()
+        self._used = False
         connection = SelectConnection(
-            self._params,
-            on_open_callback=lambda c: self._on_open(c, opened),
-            on_open_error_callback=self._on_open_error,
-            on_close_callback=self._on_close,
+            node.parameters,
+            on_open_callback=lambda c: self._on_open(c, node, opened),
+            on_open_error_callback=lambda c, error: self._on_open_error(c, node, error),
+            on_close_callback=lambda c, reason: self._on_close(c, node, reason),
         )
         with self._lock:
             self._connection = connection
@@ -215,12 +221,12 @@ class Publisher:
             # Still blocked, as far as anyone knows: the next confirm will tell.
             self._lost("broker connection lost before the confirm")
             release(connection)
-        return opened.is_set()
+        return opened.is_set(), self._used
 
-    def _on_open(self, connection: Any, opened: threading.Event) -> None:
+    def _on_open(self, connection: Any, node: Node, opened: threading.Event) -> None:
         opened.set()
         self.connections_opened += 1
-        log.info("publisher connected")
+        log.info("publisher connected", node=node.label)
         self._heard_blocked = False
         connection.add_on_connection_blocked_callback(lambda *_: self._heard(blocked=True))
         connection.add_on_connection_unblocked_callback(lambda *_: self._heard(blocked=False))
@@ -260,13 +266,17 @@ class Publisher:
         self._publish_one(channel, probe)
         channel.connection.ioloop.call_later(_PROBE_INTERVAL, partial(self._probe, channel))
 
-    def _on_open_error(self, connection: Any, error: BaseException | str) -> None:
-        log.warning("publisher connect failed", error=f"{error}"[:300])
+    def _on_open_error(self, connection: Any, node: Node, error: BaseException | str) -> None:
+        log.warning("publisher connect failed", node=node.label, error=f"{error}"[:300])
         connection.ioloop.stop()
 
-    def _on_close(self, connection: Any, reason: BaseException) -> None:
+    def _on_close(self, connection: Any, node: Node, reason: BaseException) -> None:
         if not self._stopping.is_set():
-            log.info("publisher connection closed", detail=f"{type(reason).__name__}: {reason}")
+            log.info(
+                "publisher connection closed",
+                node=node.label,
+                detail=f"{type(reason).__name__}: {reason}",
+            )
         connection.ioloop.stop()
 
     def _open_channel(self, connection: Any) -> None:
@@ -281,6 +291,7 @@ class Publisher:
         )
 
     def _on_ready(self, channel: Any) -> None:
+        self._used = True
         self._channel = channel
         self._flush()
         self._probe(channel)
