@@ -29,6 +29,10 @@ Why it is built this way:
   else to do while it writes. The consume generator's inactivity timeout lets
   the loop notice a stop request (the first SIGTERM/SIGINT: ``dispatcher.signals``),
   idle time and the flush deadline.
+- **A cluster's nodes.** With several URLs in ``broker.url`` it connects to the
+  first node that answers, in the order given, and logs which (``host:port``).
+  A connection lost while draining ends the run (exit 1) as with one node;
+  nothing unacked is lost, and the next run starts again from the first node.
 - **Every message is archived, nothing is dropped.** A message becomes an event
   exactly as the service reads it; a non-CloudEvent is wrapped like the service
   wraps it, a malformed one is wrapped too and says why in ``dispatchererror``.
@@ -54,8 +58,8 @@ import pika
 import pika.exceptions
 
 from dispatcher import amqp_properties, events, logs
-from dispatcher.broker_params import connection_parameters, virtual_host
-from dispatcher.config import BrokerSettings, redact_url
+from dispatcher.broker_params import connect_blocking, nodes, redacted_urls, virtual_host
+from dispatcher.config import BrokerSettings
 from dispatcher.deadletter import with_reason
 from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError
 from dispatcher.events import AmqpMessage, Event, Unreadable
@@ -306,7 +310,7 @@ class _Run:
             "archive started",
             queue=self.queue,
             out=str(self.out),
-            broker=redact_url(self.broker.url),
+            broker=redacted_urls(self.broker),
             batch_size=self.batch_size,
             max_events=self.max_events,
             idle_exit=self.idle_exit,
@@ -327,15 +331,17 @@ class _Run:
         return ArchiveResult(self.archived, self.files, stopped)
 
     def _connect(self) -> Any:
-        where = redact_url(self.broker.url)
+        where = redacted_urls(self.broker)
         try:
-            params = connection_parameters(self.broker, "archive")
+            candidates = nodes(self.broker, "archive")
         except OSError as e:  # TLS files that cannot be read or used
             raise BatchInputError(f"broker.tls: {_os_reason(e)}") from e
         try:
-            return pika.BlockingConnection(params)
+            connection, node = connect_blocking(candidates)
         except pika.exceptions.AMQPError as e:
             raise BatchFailed(f"cannot connect to the broker at {where}: {_describe(e)}") from e
+        log.info("archive connected", node=node.label)
+        return connection
 
     def _drain(self, connection: Any) -> str:
         try:

@@ -19,6 +19,12 @@ The publish stage is the one action with side effects and runs once: its
 results come back with ``collect()``, never recomputed. The exchange must
 exist (one passive check on the driver); replay never declares it.
 
+With a cluster's nodes in ``broker.url``, the driver's check and each
+partition connect to the first node that answers, in the order given (a
+partition asks with a short connection of its own, then publishes there;
+a node lost mid-partition is retried as with one node, and what is never
+confirmed ends in ``failed/``).
+
 Outputs: one summary line on stdout, and in ``--out``: ``counts.json``,
 ``rejects/`` (JSON lines: file, line, reason) and ``failed/`` (records the
 broker did not confirm, as archive lines: ``--archive OUT/failed`` retries
@@ -29,6 +35,7 @@ failed, 2 when the job could not start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import shutil
@@ -41,8 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher import events
-from dispatcher.broker_params import connection_parameters
-from dispatcher.config import BrokerSettings, redact_url
+from dispatcher.broker_params import connect_blocking, nodes, redacted_urls
+from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed, BatchInputError, EventError
 from dispatcher.events import Event
 from dispatcher.pipeline import records
@@ -50,6 +57,7 @@ from dispatcher.pipeline import spark as spark_session
 from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
 
 if TYPE_CHECKING:
+    import pika
     from pyspark.sql import DataFrame, SparkSession
 
 ARCHIVE_FILES: Final = "*.{jsonl,jsonl.gz}"
@@ -146,10 +154,10 @@ def check_exchange(broker: BrokerSettings, exchange: str) -> None:
     import pika.exceptions
 
     try:
-        connection = pika.BlockingConnection(connection_parameters(broker, "replay-check"))
+        connection, _node = connect_blocking(nodes(broker, "replay-check"))
     except Exception as e:  # pika's connection errors, translated here
         raise BatchInputError(
-            f"cannot connect to the broker at {redact_url(broker.url)}: {type(e).__name__}"
+            f"cannot connect to the broker at {redacted_urls(broker)}: {type(e).__name__}"
         ) from None
     try:
         connection.channel().exchange_declare(exchange, passive=True)
@@ -295,7 +303,7 @@ def publish(
 
     def publish_partition(index: int, rows: Iterable[Any]) -> Iterator[PublishResult]:
         # Runs on an executor: one connection for the whole partition.
-        parameters = connection_parameters(broker, f"replay-{index}")
+        parameters = _answering_node(broker, f"replay-{index}")
         publisher = ConfirmedPublisher(parameters, exchange, routing_key, rate=rate)
         yield publisher.publish(_outgoing(row) for row in rows)
 
@@ -305,6 +313,24 @@ def publish(
         .sortWithinPartitions("instant_us", "source", "id")
     )
     return ordered.rdd.mapPartitionsWithIndex(publish_partition).collect()
+
+
+def _answering_node(broker: BrokerSettings, role: str) -> pika.URLParameters:
+    """The parameters of the first node that accepts a connection (asked with one that
+    is closed at once); the first node if none does, so the publisher's own retries
+    and give-up report it. With one node, it is that node, unasked."""
+    candidates = nodes(broker, role)
+    if len(candidates) == 1:
+        return candidates[0].parameters
+    import pika.exceptions
+
+    try:
+        connection, node = connect_blocking(candidates)
+    except pika.exceptions.AMQPConnectionError:
+        return candidates[0].parameters
+    with contextlib.suppress(Exception):
+        connection.close()
+    return node.parameters
 
 
 def _outgoing(row: Any) -> Outgoing:

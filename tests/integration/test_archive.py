@@ -482,6 +482,32 @@ def test_an_unreachable_broker_exits_1_with_one_line_and_no_password(tmp_path):
     assert "hunter2" not in stdout + stderr
 
 
+def test_a_cluster_whose_first_node_is_down_is_drained_through_the_next(queue, tmp_path, capsys):
+    dead = f"amqp://guest:hunter2@127.0.0.1:{free_port()}/%2F"
+    fill(queue, ["a", "b"])
+
+    settings = BrokerSettings(url=(dead, broker.URL))
+    result = run_archive(queue, tmp_path, broker=settings, max_events=2)
+
+    assert (result.archived, result.stopped) == (2, "max-events")
+    assert sorted(event.id for _, event in read_archive(tmp_path)) == ["a", "b"]
+    logged = capsys.readouterr().out
+    assert '"node": "127.0.0.1:5672"' in logged and "hunter2" not in logged
+
+
+def test_a_cluster_with_no_node_up_fails_naming_every_node_without_passwords(tmp_path):
+    dead = [f"amqp://guest:hunter2@127.0.0.1:{free_port()}/%2F" for _ in range(2)]
+
+    with pytest.raises(BatchFailed) as caught:
+        archive("q", tmp_path, BrokerSettings(url=tuple(dead)), max_events=1)
+
+    shown = caught.value.message
+    ports = [url.split(":")[-1].split("/")[0] for url in dead]
+    where = ", ".join(f"amqp://guest:***@127.0.0.1:{port}/%2F" for port in ports)
+    assert shown.startswith(f"cannot connect to the broker at {where}: "), shown
+    assert "hunter2" not in shown
+
+
 def test_every_archived_message_is_acked_on_its_own_after_its_file_exists(
     queue, tmp_path, monkeypatch
 ):
