@@ -216,12 +216,14 @@ class RedisClaims:
             return
         self._set_up(True)
         if claims:
-            for claim, found in zip(claims, results[0], strict=True):
-                self._loop.call_soon_threadsafe(claim.future.resolve, int(found))
+            answers: list[tuple[Future[int | None], int | None]] = [
+                (c.future, int(found)) for c, found in zip(claims, results[0], strict=True)
+            ]
+            self._loop.call_soon_threadsafe(_resolve_all, answers)
 
     def _answer(self, claims: list[_Claim], value: int | None) -> None:
-        for claim in claims:
-            self._loop.call_soon_threadsafe(claim.future.resolve, value)
+        if claims:
+            self._loop.call_soon_threadsafe(_resolve_all, [(c.future, value) for c in claims])
 
     def _probe(self) -> None:
         try:
@@ -245,3 +247,9 @@ class RedisClaims:
             log.info("dedupe store available again", store=redact_url(self._url))
         self.up = up
         self._up_gauge.set(1 if up else 0)
+
+
+def _resolve_all(answers: list[tuple[Future[int | None], int | None]]) -> None:
+    """On the loop: one wake-up for a whole batch's answers, not one each."""
+    for future, answer in answers:
+        future.resolve(answer)

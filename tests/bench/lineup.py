@@ -34,7 +34,7 @@ class Launch:
     binding: Mapping[str, Any] = field(default_factory=dict)  # extra dispatcher settings
 
 
-def dispatcher_config(launch: Launch, index: int) -> Path:
+def dispatcher_config(launch: Launch, index: int, top: Mapping[str, Any] | None = None) -> Path:
     binding = {
         "name": "bench",
         "queue": launch.queue,
@@ -43,7 +43,12 @@ def dispatcher_config(launch: Launch, index: int) -> Path:
         "delivery": {"retry": 5, "timeout": "10s"},
         **launch.binding,
     }
-    config = {"broker": {"url": URL}, "http": {"listen": "127.0.0.1:0"}, "bindings": [binding]}
+    config = {
+        "broker": {"url": URL},
+        "http": {"listen": "127.0.0.1:0"},
+        **(top or {}),
+        "bindings": [binding],
+    }
     path = launch.workdir / f"dispatcher-{index}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -62,6 +67,15 @@ PASS_ALL_FILTERS: Final = [
     {"any": [{"prefix": {"id": "never-"}}, {"exact": {"type": TYPE}}]},
     {"not": {"exact": {"subject": "excluded"}}},
 ]
+
+
+# The shared dedupe store (issue 13): the Redis every machine of the project runs.
+DEDUPE_STORE: Final = "redis://127.0.0.1:6379/0"
+
+
+def _dispatcher_store(launch: Launch, index: int) -> list[str]:
+    config = dispatcher_config(launch, index, {"dedupe": {"store": DEDUPE_STORE}})
+    return [PYTHON, "-m", "dispatcher", "run", "--config", str(config)]
 
 
 def _dispatcher_filtered(launch: Launch, index: int) -> list[str]:
@@ -120,6 +134,9 @@ DISPATCHER: Final = Contender("dispatcher", "dispatcher run", _dispatcher)
 DISPATCHER_FILTERED: Final = Contender(
     "dispatcher-filtered", "dispatcher run, 5-entry filter (passes all)", _dispatcher_filtered
 )
+DISPATCHER_STORE: Final = Contender(
+    "dispatcher-store", "dispatcher run, dedupe store in Redis", _dispatcher_store
+)
 DISPATCHER_X2: Final = Contender("dispatcher", "dispatcher run x2", _dispatcher, processes=2)
 PIKA_HTTPX: Final = Contender("a", "(a) pika + httpx.Client, sequential", _pika_httpx)
 AIOPIKA_AIOHTTP: Final = Contender("b", "(b) aio-pika + aiohttp, tasks", _aiopika_aiohttp)
@@ -138,6 +155,7 @@ HTTP_HTTPX_THREADS: Final = Contender(
 KEYS: Final = (
     "dispatcher",
     "dispatcher-filtered",
+    "dispatcher-store",
     "a",
     "b",
     "pika-autoack",

@@ -2,7 +2,7 @@
 
 | | events | parallelism | subscriber | contenders |
 |---|---|---|---|---|
-| W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six, and dispatcher with a filter |
+| W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six; dispatcher + filter, + store |
 | W2 | 1,000 msg/s for 30 s | 50 | asyncio, 202 at once | dispatcher, (a), (b), pika floor |
 | W3 | 5k pre-loaded ((a): 200) | 100 | asyncio, 202 after 100 ms | consumers + HTTP ceilings |
 | W4 | 200k pre-loaded ((a): 20k) | 100 | nginx | dispatcher, (b), (a) |
@@ -23,6 +23,7 @@ from tests.bench.lineup import (
     AIOPIKA_AIOHTTP,
     DISPATCHER,
     DISPATCHER_FILTERED,
+    DISPATCHER_STORE,
     DISPATCHER_X2,
     HTTP_AIOHTTP,
     HTTP_HTTPX_THREADS,
@@ -91,13 +92,14 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w1 = Workload(
         "W1",
         "fast subscriber (nginx, 202 at once), persistent 1 KB events pre-loaded",
-        (DISPATCHER, DISPATCHER_FILTERED, *all_six[1:]),
+        (DISPATCHER, DISPATCHER_FILTERED, DISPATCHER_STORE, *all_six[1:]),
         events=size(20_000, 2_000),
         parallelism=50,
         sink="nginx",
         repeat=size(3, 1),
         note="The filtered dispatcher passes every event through a 5-entry filter "
-        "(tests/bench/lineup.py). Ceilings: pika auto-ack is its own subscriber "
+        "(tests/bench/lineup.py); the store row claims and settles every event in the "
+        "Redis at 127.0.0.1:6379 (dedupe.store). Ceilings: pika auto-ack is its own subscriber "
         "(receipt = delivery to the consumer); the HTTP ceilings post straight to nginx, "
         "50 at a time (aiohttp tasks; 50 threads sharing one httpx.Client).",
     )
