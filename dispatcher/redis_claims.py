@@ -1,12 +1,14 @@
 """The shared dedupe store's client: claims and settlements in Redis, off the engine.
 
 redis-py's client blocks, and the engine's loop must never block, so one
-thread of its own (``redis-claims``) talks to Redis. The engine hands it
-operations and gets a loop future back per claim; the thread takes every
-operation queued meanwhile and sends them as two script calls in one
-pipeline (one round trip, however many deliveries are starting), then
-resolves the futures on the loop. Under load a batch holds tens of claims, so
-the store costs a few microseconds per delivery, not a round trip each.
+thread of its own (``redis-claims``) talks to Redis. The engine's claims and
+settlements go to it in batches (the first of a batch schedules one hand-over,
+which runs after every callback already ready: all the deliveries one read
+from the broker started), and it sends everything queued
+as at most two ``EVALSHA`` calls in one pipeline: one round trip, however
+many deliveries are starting. The answers come back to the loop in one
+wake-up. A batch holds as many deliveries as one read from the broker
+brought, so the store costs microseconds per delivery, not a round trip each.
 
 Keys are ``dispatcher:dedupe:<binding>:<digest of source and id>``; a value is
 ``c:<owner>`` while a delivery holds it (expiring with the claim's TTL, so a
@@ -28,6 +30,7 @@ until its TTL.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -114,10 +117,16 @@ class RedisClaims:
             retry_on_timeout=False,
             health_check_interval=0,
         )
-        self._claim_script: Any = self._client.register_script(_CLAIM)
-        self._settle_script: Any = self._client.register_script(_SETTLE)
+        # Called by their digests: redis-py's Script objects would ask SCRIPT EXISTS
+        # on every pipeline, a second round trip per batch.
+        self._shas = {_CLAIM: _sha1(_CLAIM), _SETTLE: _sha1(_SETTLE)}
         self._claims: deque[_Claim] = deque()
         self._settles: deque[_Settle] = deque()
+        # What the loop produced since the last hand-over, which the first of
+        # them schedules (a callback runs after everything already ready).
+        self._new_claims: list[_Claim] = []
+        self._new_settles: list[_Settle] = []
+        self._scheduled = False
         self._ready = threading.Condition()
         self._closing = False
         # Read by the loop thread without the lock: a stale value costs one
@@ -135,18 +144,32 @@ class RedisClaims:
         if not self.up:
             future.resolve(None)
             return future
-        with self._ready:
-            self._claims.append(_Claim(key, owner, max(1, round(ttl * 1000)), future))
-            self._ready.notify()
+        self._new_claims.append(_Claim(key, owner, max(1, round(ttl * 1000)), future))
+        self._schedule()
         return future
 
     def settle(self, key: str, owner: str, settled: bool, window: float) -> None:
         """Mark the event settled for ``window`` (or release the claim); not awaited."""
+        self._new_settles.append(_Settle(key, owner, settled, max(1, round(window * 1000))))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        self._scheduled = False
+        if not (self._new_claims or self._new_settles):
+            return
         with self._ready:
-            if len(self._settles) >= MAX_PENDING:
+            self._claims.extend(self._new_claims)
+            self._settles.extend(self._new_settles)
+            while len(self._settles) > MAX_PENDING:
                 self._settles.popleft()  # oldest first: its claim is the nearest to expiring
-            self._settles.append(_Settle(key, owner, settled, max(1, round(window * 1000))))
             self._ready.notify()
+        self._new_claims = []
+        self._new_settles = []
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -154,11 +177,17 @@ class RedisClaims:
         self._thread.start()
 
     def close(self, timeout: float) -> None:
-        """Write what is queued (bounded by ``timeout``), then stop."""
+        """Write what is queued (bounded by ``timeout``), then stop. Claims still
+        unanswered get ``None``: every claim's future is resolved."""
+        self._hand_over()
         with self._ready:
             self._closing = True
             self._ready.notify()
         self._thread.join(timeout)
+        with self._ready:
+            left = list(self._claims)
+            self._claims.clear()
+        self._answer(left, None)
         self._client.close()
 
     # ----------------------------------------------------------------- the redis thread
@@ -167,7 +196,12 @@ class RedisClaims:
         while True:
             claims, settles, closing = self._take()
             if claims or settles:
-                self._call(claims, settles)
+                try:
+                    self._call(claims, settles)
+                except Exception as e:  # a bug must not leave deliveries awaiting answers
+                    log.exception("dedupe store client error")
+                    self._failed(e)
+                    self._answer(claims, None)
             if closing:
                 if not self.up or not self._pending():
                     return  # all written, or the store is gone: nothing more will be
@@ -200,14 +234,13 @@ class RedisClaims:
             self._answer(claims, None)
             return
         try:
-            pipe = self._client.pipeline(transaction=False)
-            if claims:
-                args = [value for c in claims for value in (c.owner, c.ttl_ms)]
-                self._claim_script(keys=[c.key for c in claims], args=args, client=pipe)
-            if settles:
-                args = [value for s in settles for value in (s.owner, int(s.settled), s.window_ms)]
-                self._settle_script(keys=[s.key for s in settles], args=args, client=pipe)
-            results = pipe.execute()
+            try:
+                results = self._send(claims, settles)
+            except redis.exceptions.NoScriptError:
+                # A store restarted (or flushed its scripts): load them, once, and again.
+                for script in self._shas:
+                    self._client.script_load(script)
+                results = self._send(claims, settles)
         except (redis.RedisError, OSError) as e:
             self._failed(e)
             self._answer(claims, None)
@@ -220,6 +253,16 @@ class RedisClaims:
                 (c.future, int(found)) for c, found in zip(claims, results[0], strict=True)
             ]
             self._loop.call_soon_threadsafe(_resolve_all, answers)
+
+    def _send(self, claims: list[_Claim], settles: list[_Settle]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        if claims:
+            args = [value for c in claims for value in (c.owner, c.ttl_ms)]
+            pipe.evalsha(self._shas[_CLAIM], len(claims), *(c.key for c in claims), *args)
+        if settles:
+            args = [value for s in settles for value in (s.owner, int(s.settled), s.window_ms)]
+            pipe.evalsha(self._shas[_SETTLE], len(settles), *(s.key for s in settles), *args)
+        return list(pipe.execute())
 
     def _answer(self, claims: list[_Claim], value: int | None) -> None:
         if claims:
@@ -247,6 +290,10 @@ class RedisClaims:
             log.info("dedupe store available again", store=redact_url(self._url))
         self.up = up
         self._up_gauge.set(1 if up else 0)
+
+
+def _sha1(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()  # how Redis names a script
 
 
 def _resolve_all(answers: list[tuple[Future[int | None], int | None]]) -> None:
