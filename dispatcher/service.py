@@ -2,8 +2,9 @@
 
 Threads: the supervisor's (pika), the engine's (every delivery), the
 publisher's (dead letters and replies, when an exchange target is
-configured), the ops listener's, and the main thread waiting for a signal.
-None of them is per delivery.
+configured), the shared dedupe store's client (with ``dedupe.store``), the
+ops listener's, and the main thread waiting for a signal. None of them is
+per delivery.
 
 Shutdown order (PRODUCT.md, "Operations"): readiness off and consumers
 cancelled; in-flight work gets ``shutdown.grace`` to finish and be acked;
