@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 from dispatcher.bearer import BearerToken, TokenFileError
 from dispatcher.broker import Supervisor
@@ -39,9 +40,11 @@ from dispatcher.httpclient import Endpoint, endpoint
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import Publisher
-from dispatcher.redis_claims import RedisClaims
 from dispatcher.reply import Replier
 from dispatcher.server import OpsServer
+
+if TYPE_CHECKING:
+    from dispatcher.redis_claims import RedisClaims
 
 log = get_logger()
 
@@ -87,14 +90,16 @@ class Service:
             )
         except (OSError, ssl.SSLError, ValueError) as e:
             raise ConfigError("broker.tls", f"cannot load: {e}") from e
-        try:
-            self.claims = (
-                RedisClaims(settings.dedupe.store, self.engine.loop, self.metrics)
-                if settings.dedupe.store is not None
-                else None
-            )
-        except ValueError as e:  # redis-py's reading of the URL (a bad query parameter)
-            raise ConfigError("dedupe.store", str(e)) from e
+        self.claims: RedisClaims | None = None
+        if settings.dedupe.store is not None:
+            # Imported only when used: redis-py is 8 MB of memory a single replica
+            # without a store has no use for.
+            from dispatcher.redis_claims import RedisClaims
+
+            try:
+                self.claims = RedisClaims(settings.dedupe.store, self.engine.loop, self.metrics)
+            except ValueError as e:  # redis-py's reading of the URL (a bad query parameter)
+                raise ConfigError("dedupe.store", str(e)) from e
         self.engine.settle_with(self.supervisor.settle)
         self.supervisor.deliver_to(self.engine.submit)
         try:

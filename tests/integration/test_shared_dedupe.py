@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 import structlog
+from prometheus_client import generate_latest
 
 from dispatcher.dedupe import Claim, DedupeStore, SharedDedupe
 from dispatcher.loop import Loop, Waits
 from dispatcher.metrics import Metrics
 from dispatcher.redis_claims import CALL_TIMEOUT, RedisClaims
-from tests.support.broker import unique
+from tests.support.broker import event_headers, publish, unique
+from tests.support.node import free_port
 from tests.support.redis_server import SHARED_URL, RedisServer, binding_keys, delete_binding_keys
 
 pytestmark = pytest.mark.redis
@@ -222,3 +224,27 @@ def _eventually(
         if ok(value) or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
+
+
+def test_the_stores_password_is_in_no_log_line_or_metric(loop, replicas) -> None:
+    dead = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"
+    a = replicas(dead)
+    with structlog.testing.capture_logs() as logged:
+        claim = run(loop, a.dedupe.claim_first(KEY))
+    assert claim is not None and claim.shared is None
+    [line] = [e for e in logged if e["event"].startswith("dedupe store unavailable")]
+    assert line["store"] == f"redis://:***@127.0.0.1:{dead.rsplit(':', 1)[1]}"
+    assert "s3cret" not in repr(logged)
+    assert "s3cret" not in generate_latest(a.metrics.registry).decode()
+
+
+@pytest.mark.broker
+def test_a_service_whose_store_is_down_is_ready_and_delivers(run_service, make_subscriber) -> None:
+    sub = make_subscriber()
+    svc = run_service(sub.url, top={"dedupe": {"store": f"redis://127.0.0.1:{free_port()}/0"}})
+    assert svc.service.ready()  # readiness never waits for the store
+    publish(svc.queue, headers=event_headers("down-1"))
+    svc.wait_events("delivered", 1)
+    assert [r.headers["ce-id"] for r in sub.requests] == ["down-1"]
+    assert svc.service.metrics.value("dispatcher_dedupe_store_up") == 0
+    assert svc.service.metrics.value("dispatcher_dedupe_store_errors_total") >= 1
