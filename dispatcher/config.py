@@ -945,12 +945,18 @@ def _redact_text(text: str) -> str:
 _NODE_SEPARATOR: Final = re.compile(r"\s*,\s*(?=amqps?://)", re.IGNORECASE)
 
 
+def split_nodes(urls: str) -> list[str]:
+    """Comma-separated broker URLs (``RABBITMQ_URL``) as a list. Only a comma before
+    ``amqp://`` or ``amqps://`` separates nodes: a password may hold commas."""
+    return [part.strip() for part in _NODE_SEPARATOR.split(urls)]
+
+
 def _amqp_urls(value: object, key: str) -> str | tuple[str, ...]:
     """``broker.url``: one URL, or a cluster's nodes as a list or comma-separated.
     Only a comma before ``amqp://`` or ``amqps://`` separates nodes: a password
     may hold commas (and a split inside it would show its first half)."""
     if isinstance(value, str) and _NODE_SEPARATOR.search(value):
-        value = [part.strip() for part in _NODE_SEPARATOR.split(value)]
+        value = split_nodes(value)
     if not isinstance(value, list):
         return _amqp_url(value, key)
     if not value:

@@ -62,7 +62,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from dispatcher.config import parse_duration
+from dispatcher.config import parse_duration, split_nodes
 from dispatcher.errors import ConfigError
 from dispatcher.retry import Backoff
 
@@ -123,17 +123,10 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"broker": {"url": broker_url}, "bindings": [binding]}
 
 
-# How ``config`` splits RABBITMQ_URL into nodes: only a comma before amqp:// or
-# amqps:// separates (a password may hold commas).
-_NODE_SEPARATOR = re.compile(r"\s*,\s*(?=amqps?://)", re.IGNORECASE)
-
-
 def _with_vhost(urls: str, vhost: str) -> str:
     """``urls`` (one URL, or a cluster's comma-separated) with ``vhost`` in each."""
     path = "/" + quote(vhost, safe="")
-    return ",".join(
-        urlunsplit(urlsplit(url)._replace(path=path)) for url in _NODE_SEPARATOR.split(urls)
-    )
+    return ",".join(urlunsplit(urlsplit(url)._replace(path=path)) for url in split_nodes(urls))
 
 
 def _pem_file(pem: str) -> str:
