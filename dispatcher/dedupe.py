@@ -190,15 +190,18 @@ class SharedDedupe:
         if not isinstance(found, Claim):
             return found
         pause = FIRST_POLL
+        held_elsewhere = False
         while True:
             answer = await self._shared_claim(found)
-            if answer is None or answer == CLAIMED:
+            if answer == CLAIMED or (answer is None and not held_elsewhere):
                 return found  # claimed (or the store is away: memory decides, as before)
             if answer == SETTLED:
                 self._local.release(found, True)
                 return "settled"
             # Another replica's attempt holds it: wait for it to settle, be
-            # released, or expire, polling; never send a second request meanwhile.
+            # released, or expire, polling; never send a second request meanwhile,
+            # not even when the store stops answering: that owner may still be at it.
+            held_elsewhere = True
             left = deadline - self._waits.time()
             if left <= 0 or not await self._waits.sleep(min(pause, left)):
                 self._local.release(found, False)
@@ -212,13 +215,15 @@ class SharedDedupe:
             self._store.settle(store_key, owner, settled, self._window)
 
     async def _shared_claim(self, claim: Claim) -> int | None:
-        store_key = self._store_key(claim.key)
-        owner = f"{self._owner}{next(self._serial)}"
+        # One owner value per claim, kept whatever the answer: a call that timed out
+        # may still have been applied, and then the claim is ours to settle or
+        # release (the scripts change a key only for its owner), and a later poll
+        # recognises it as ours. Nothing is written for an answer of busy or settled.
+        if claim.shared is None:
+            claim.shared = (self._store_key(claim.key), f"{self._owner}{next(self._serial)}")
+        store_key, owner = claim.shared
         # No timer of its own: the store answers every claim, within its call timeout.
-        answer = await self._store.claim(store_key, owner, self._ttl)
-        if answer == CLAIMED:
-            claim.shared = (store_key, owner)
-        return answer
+        return await self._store.claim(store_key, owner, self._ttl)
 
     def _store_key(self, key: Key) -> str:
         source, event_id = key

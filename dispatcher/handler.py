@@ -153,6 +153,10 @@ class Handler:
             claim = found
         elif self._dedupe.enabled:
             claim = await self._dedupe.claim_first(event.key)  # None: a publisher's duplicate
+        if claim is not None and self._waits.given_up:
+            # Grace ended while the claim was being made: no new request now.
+            self._dedupe.release(claim, False)
+            return Action.LEAVE
         settled = False
         try:
             final = await self._settle(event, problem, delivery.message)

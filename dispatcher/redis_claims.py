@@ -31,7 +31,9 @@ until its TTL.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final
@@ -49,19 +51,31 @@ CALL_TIMEOUT: Final = 0.5  # connect, send and answer of one batch
 PROBE_INTERVAL: Final = 1.0  # while down: how often to try again
 MAX_PENDING: Final = 100_000  # settlements kept across an outage
 _IDLE_WAKE: Final = 1.0
+# A round trip writes at most this many settlements (a backlog after an outage
+# goes in several), and one script call touches at most CHUNK keys: a Lua
+# script blocks the whole store while it runs, for every replica.
+MAX_SETTLES_PER_CALL: Final = 5_000
+_PROBE_KEY: Final = "dispatcher:dedupe-probe"
+CHUNK: Final = 500
 
 # Per key (KEYS[i]) and its two arguments (owner value, TTL in ms): 1 claimed
-# by us, 2 settled, 0 claimed by another owner.
+# by us (now, or by an earlier call whose answer was lost), 2 settled, 0
+# claimed by another owner.
 _CLAIM: Final = """
 local out = {}
 for i, key in ipairs(KEYS) do
   local mine = ARGV[2 * i - 1]
   if redis.call('SET', key, mine, 'NX', 'PX', ARGV[2 * i]) then
     out[i] = 1
-  elseif redis.call('GET', key) == 's' then
-    out[i] = 2
   else
-    out[i] = 0
+    local held = redis.call('GET', key)
+    if held == 's' then
+      out[i] = 2
+    elseif held == mine then
+      out[i] = 1
+    else
+      out[i] = 0
+    end
   end
 end
 return out
@@ -127,6 +141,8 @@ class RedisClaims:
         self._new_claims: list[_Claim] = []
         self._new_settles: list[_Settle] = []
         self._scheduled = False
+        self._next_probe = 0.0  # the redis thread's: no probe before this (monotonic)
+        self._probe_owner = f"probe:{secrets.token_hex(4)}"
         self._ready = threading.Condition()
         self._closing = False
         # Read by the loop thread without the lock: a stale value costs one
@@ -179,7 +195,9 @@ class RedisClaims:
     def close(self, timeout: float) -> None:
         """Write what is queued (bounded by ``timeout``), then stop. Claims still
         unanswered get ``None``: every claim's future is resolved."""
-        self._hand_over()
+        loop_thread = self._loop.thread
+        if loop_thread is None or not loop_thread.is_alive():
+            self._hand_over()  # what the stopped loop produced last (its state, now idle)
         with self._ready:
             self._closing = True
             self._ready.notify()
@@ -194,19 +212,20 @@ class RedisClaims:
 
     def _run(self) -> None:
         while True:
-            claims, settles, closing = self._take()
-            if claims or settles:
-                try:
+            claims: list[_Claim] = []
+            try:
+                claims, settles, closing = self._take()
+                if claims or settles:
                     self._call(claims, settles)
-                except Exception as e:  # a bug must not leave deliveries awaiting answers
-                    log.exception("dedupe store client error")
-                    self._failed(e)
-                    self._answer(claims, None)
-            if closing:
-                if not self.up or not self._pending():
-                    return  # all written, or the store is gone: nothing more will be
-            elif not self.up:
-                self._probe()
+                if closing:
+                    if not self.up or not self._pending():
+                        return  # all written, or the store is gone: nothing more will be
+                elif not self.up:
+                    self._probe()
+            except Exception as e:  # a bug must neither end the thread nor strand a claim
+                log.exception("dedupe store client error")
+                self._failed(e)
+                self._answer(claims, None)
 
     def _take(self) -> tuple[list[_Claim], list[_Settle], bool]:
         with self._ready:
@@ -220,9 +239,8 @@ class RedisClaims:
             claims = list(self._claims)
             self._claims.clear()
             settles: list[_Settle] = []
-            if self.up:
-                settles = list(self._settles)
-                self._settles.clear()
+            while self.up and self._settles and len(settles) < MAX_SETTLES_PER_CALL:
+                settles.append(self._settles.popleft())
             return claims, settles, self._closing
 
     def _pending(self) -> bool:
@@ -250,27 +268,41 @@ class RedisClaims:
         self._set_up(True)
         if claims:
             answers: list[tuple[Future[int | None], int | None]] = [
-                (c.future, int(found)) for c, found in zip(claims, results[0], strict=True)
+                (c.future, found) for c, found in zip(claims, results, strict=True)
             ]
             self._loop.call_soon_threadsafe(_resolve_all, answers)
 
-    def _send(self, claims: list[_Claim], settles: list[_Settle]) -> list[Any]:
+    def _send(self, claims: list[_Claim], settles: list[_Settle]) -> list[int]:
+        """The claims' answers. Settlements go first: a retry in this process then
+        finds its own earlier attempt released, not still holding the key."""
         pipe = self._client.pipeline(transaction=False)
-        if claims:
-            args = [value for c in claims for value in (c.owner, c.ttl_ms)]
-            pipe.evalsha(self._shas[_CLAIM], len(claims), *(c.key for c in claims), *args)
-        if settles:
-            args = [value for s in settles for value in (s.owner, int(s.settled), s.window_ms)]
-            pipe.evalsha(self._shas[_SETTLE], len(settles), *(s.key for s in settles), *args)
-        return list(pipe.execute())
+        for start in range(0, len(settles), CHUNK):
+            part = settles[start : start + CHUNK]
+            args = [value for s in part for value in (s.owner, int(s.settled), s.window_ms)]
+            pipe.evalsha(self._shas[_SETTLE], len(part), *(s.key for s in part), *args)
+        for start in range(0, len(claims), CHUNK):
+            chunk = claims[start : start + CHUNK]
+            args = [value for c in chunk for value in (c.owner, c.ttl_ms)]
+            pipe.evalsha(self._shas[_CLAIM], len(chunk), *(c.key for c in chunk), *args)
+        results: list[Any] = pipe.execute()
+        skip = -(-len(settles) // CHUNK)  # the settle calls' results
+        return [int(found) for answers in results[skip:] for found in answers]
 
     def _answer(self, claims: list[_Claim], value: int | None) -> None:
         if claims:
             self._loop.call_soon_threadsafe(_resolve_all, [(c.future, value) for c in claims])
 
     def _probe(self) -> None:
+        """A claim on a key of its own, not a PING: a store out of memory or read-only
+        answers PING and refuses the writes that matter. At most once per interval."""
+        if time.monotonic() < self._next_probe:
+            return
+        self._next_probe = time.monotonic() + PROBE_INTERVAL
         try:
-            self._client.ping()
+            self._client.evalsha(self._shas[_CLAIM], 1, _PROBE_KEY, self._probe_owner, 1000)
+        except redis.exceptions.NoScriptError:
+            self._client.script_load(_CLAIM)  # answered: next probe runs it
+            return
         except (redis.RedisError, OSError):
             return
         self._set_up(True)
@@ -284,6 +316,7 @@ class RedisClaims:
                 error=f"{type(error).__name__}: {error}",
             )
         self._set_up(False)
+        self._next_probe = time.monotonic() + PROBE_INTERVAL
 
     def _set_up(self, up: bool) -> None:
         if up and not self.up:

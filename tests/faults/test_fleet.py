@@ -1,13 +1,15 @@
 """Two `dispatcher run` processes on one queue: the shared store is what stops the
 duplicate a redelivery to the other replica would be (FIELD-NOTES failure 7).
 
-Replica A reaches the shared broker through a fault proxy, so its connection
-can be cut without touching the broker; B connects directly. Both share the
-Redis at 127.0.0.1:6379 (or, for the control case, nothing).
+Both replicas consume from the start; the one the broker gave the message to
+(its requests carry ``X-Replica``) is the one whose connection is cut, through
+its own fault proxy (the shared broker is never touched), or which is killed.
+Both share the Redis at 127.0.0.1:6379 (or, for the control case, nothing).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +21,13 @@ from tests.support.broker import event_headers, publish, queue_depth, wait_until
 from tests.support.process import DispatcherProcess
 from tests.support.proxy import FaultProxy
 from tests.support.redis_server import SHARED_URL, delete_binding_keys
-from tests.support.subscriber import Reply
+from tests.support.subscriber import Received, Reply
 
 pytestmark = [pytest.mark.fault, pytest.mark.redis, pytest.mark.broker]
 
 
 def fleet_config(
-    queue: str, subscriber: str, binding: str, url: str, store: str | None, timeout: str
+    queue: str, subscriber: str, binding: str, url: str, store: str | None, name: str
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "broker": {"url": url, "reconnect": {"initial_delay": "50ms", "max_delay": "1s"}},
@@ -38,9 +40,11 @@ def fleet_config(
                 "subscriber": subscriber,
                 "declare": {"durable": True},
                 "parallelism": 5,
+                # Says which replica sent a request.
+                "headers": {"X-Replica": name},
                 "delivery": {
                     "retry": 0,
-                    "timeout": timeout,
+                    "timeout": "2s",
                     "backoff_delay": "50ms",
                     "backoff_max": "1s",
                 },
@@ -62,7 +66,6 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
         folder.mkdir()
         process = DispatcherProcess(config, folder)
         started.append(process)
-        process.wait_for("consumer attached", binding=binding)
         return process
 
     yield {"queue": queue, "binding": binding, "start": start}
@@ -72,57 +75,76 @@ def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
     delete_binding_keys(binding)
 
 
+def start_both(fleet: dict[str, Any], sub_url: str, urls: dict[str, str], store: str | None):
+    replicas = {
+        name: fleet["start"](
+            name, fleet_config(fleet["queue"], sub_url, fleet["binding"], url, store, name)
+        )
+        for name, url in urls.items()
+    }
+    for replica in replicas.values():
+        replica.wait_for("consumer attached", binding=fleet["binding"])
+    return replicas
+
+
 @pytest.mark.parametrize("store", [SHARED_URL, None], ids=["store", "no-store"])
 def test_a_redelivery_to_the_other_replica_is_not_sent_twice(fleet, make_subscriber, store):
-    # A's attempt takes 3 s; everything after answers at once.
-    sub = make_subscriber(lambda _r, i: Reply(200, delay=3.0 if i == 0 else 0.0))
-    proxy = FaultProxy(5672)
+    # The first attempt's answer is held until its replica has lost the broker.
+    answer_first = threading.Event()
+
+    def behaviour(_request: Received, index: int) -> Reply:
+        if index == 0:
+            answer_first.wait(30)
+        return Reply(200)
+
+    sub = make_subscriber(behaviour)
+    proxies = {"a": FaultProxy(5672), "b": FaultProxy(5672)}
     try:
-        a = fleet["start"](
-            "a", fleet_config(fleet["queue"], sub.url, fleet["binding"], proxy.url, store, "10s")
-        )
+        replicas = start_both(fleet, sub.url, {n: p.url for n, p in proxies.items()}, store)
         publish(fleet["queue"], headers=event_headers("fleet-1"))
-        sub.wait_for(1)  # A's attempt is in flight
-        b = fleet["start"](
-            "b", fleet_config(fleet["queue"], sub.url, fleet["binding"], broker.URL, store, "10s")
-        )
-        # A loses the broker for good (its reconnects hang), with its attempt still
-        # running: the broker redelivers the message to B.
-        proxy.blackhole()
-        proxy.reset_all()
-        b.wait_for("consumer attached", binding=fleet["binding"])
+        [first] = sub.wait_for(1)
+        owner = first.headers["x-replica"]
+        other = "b" if owner == "a" else "a"
+        # The owner loses the broker for good (its reconnects hang), its attempt still
+        # running: the broker redelivers the message to the other replica.
+        proxies[owner].blackhole()
+        proxies[owner].reset_all()
         if store is None:
-            # Without the store B cannot know: the subscriber sees the event twice.
-            requests = sub.wait_for(2, timeout=20)
-            assert [r.headers["ce-id"] for r in requests] == ["fleet-1", "fleet-1"]
-            b.wait_for("delivery", ce_id="fleet-1", redelivered=True, outcome="delivered")
+            # Without the store the other replica cannot know: a second request.
+            second = sub.wait_for(2, timeout=20)[1]
+            assert (second.headers["ce-id"], second.headers["x-replica"]) == ("fleet-1", other)
+            answer_first.set()
             return
-        b.wait_for("duplicate suppressed", timeout=30, ce_id="fleet-1")
+        answer_first.set()
+        replicas[other].wait_for("duplicate suppressed", timeout=30, ce_id="fleet-1")
         wait_until(lambda: queue_depth(fleet["queue"]) == 0, 10, "the queue to drain")
-        a.wait_for("delivery", ce_id="fleet-1", outcome="delivered")  # A's attempt did finish
+        replicas[owner].wait_for("delivery", ce_id="fleet-1", outcome="delivered")
         assert len(sub.requests) == 1
-        assert not [line for line in b.lines if line.get("event") == "delivery"]
+        assert not [line for line in replicas[other].lines if line.get("event") == "delivery"]
     finally:
-        proxy.close()
+        answer_first.set()
+        for proxy in proxies.values():
+            proxy.close()
 
 
 def test_a_dead_owners_event_is_delivered_once_its_claim_expires(fleet, make_subscriber):
-    # A's attempt never gets an answer: A is killed while it waits for one.
+    # The first attempt never gets an answer: its replica is killed while it waits.
     sub = make_subscriber(lambda _r, i: Reply(200, hang=(i == 0)))
-    config = fleet_config(fleet["queue"], sub.url, fleet["binding"], broker.URL, SHARED_URL, "2s")
-    a = fleet["start"]("a", config)
+    replicas = start_both(fleet, sub.url, {"a": broker.URL, "b": broker.URL}, SHARED_URL)
     publish(fleet["queue"], headers=event_headers("fleet-2"))
-    [owner] = sub.wait_for(1)
-    b = fleet["start"]("b", config)
-    a.popen.kill()  # SIGKILL: no release, no settlement; only the claim's TTL ends it
-    a.popen.wait(10)
-    # The claim lasts as long as A's first attempt could: 3 x its deadline (2 s, no
-    # retry) + 3 x timeout + backoff_max = 13 s after A took it.
-    line = b.wait_for("delivery", timeout=40, ce_id="fleet-2", outcome="delivered")
-    requests = sub.wait_for(2, timeout=5)
-    waited = requests[1].at - owner.at
+    [first] = sub.wait_for(1)
+    owner = first.headers["x-replica"]
+    other = "b" if owner == "a" else "a"
+    replicas[owner].popen.kill()  # SIGKILL: no release, no settlement; only the TTL ends it
+    replicas[owner].popen.wait(10)
+    # The claim lasts as long as the first attempt could: 3 x its deadline (2 s, no
+    # retry) + 3 x timeout + backoff_max = 13 s after the owner took it.
+    line = replicas[other].wait_for("delivery", timeout=40, ce_id="fleet-2", outcome="delivered")
+    second = sub.wait_for(2, timeout=5)[1]
+    waited = second.at - first.at
     wait_until(lambda: queue_depth(fleet["queue"]) == 0, 10, "the queue to drain")
     assert line["redelivered"] is True
-    assert len(sub.requests) == 2  # A's (cut off) and B's: not a third
+    assert second.headers["x-replica"] == other
+    assert len(sub.requests) == 2  # the owner's (cut off) and the other's: not a third
     assert 12.0 <= waited <= 20.0, waited
     print(f"\nredelivery waited {waited:.1f} s for the dead owner's claim (TTL 13 s)")

@@ -132,3 +132,76 @@ def test_waiters_that_arrive_before_the_release_are_all_woken(loop):
     started = time.monotonic()
     assert run(loop, two_waiters()) == ["settled", "settled"]
     assert time.monotonic() - started < 2  # woken by the release, not by their 30 s deadline
+
+
+# ----------------------------------------------------------------- the shared layer
+
+
+class FakeStore:
+    """Answers claims from a script (1 claimed, 2 settled, 0 held elsewhere, None no
+    answer), the last answer repeating; records what was claimed and settled."""
+
+    def __init__(self, loop: Loop, answers: list[int | None]) -> None:
+        self._loop = loop
+        self._answers = answers
+        self.up = True
+        self.claims: list[tuple[str, str]] = []
+        self.settles: list[tuple[str, str, bool]] = []
+
+    def claim(self, key: str, owner: str, ttl: float) -> Any:
+        self.claims.append((key, owner))
+        answer = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
+        future = self._loop.create_future()
+        self._loop.call_soon(future.resolve, answer)
+        return future
+
+    def settle(self, key: str, owner: str, settled: bool, window: float) -> None:
+        self.settles.append((key, owner, settled))
+
+
+def shared_on(loop: Loop, store: FakeStore) -> Any:
+    from dispatcher.dedupe import SharedDedupe
+
+    waits = Waits(loop)
+    return SharedDedupe("b", 10.0, 30.0, waits, store, DedupeStore(10.0, waits))
+
+
+def test_a_store_that_stops_answering_never_lets_a_held_event_be_sent(loop) -> None:
+    # Held elsewhere, then no answer at all: that owner may still be delivering.
+    store = FakeStore(loop, [0, None])
+    shared = shared_on(loop, store)
+    started = time.monotonic()
+    assert run(loop, shared.claim_or_wait(KEY, 0.4)) == "busy"
+    assert time.monotonic() - started >= 0.35
+    assert len(store.claims) > 2  # it kept asking until the wait ended
+
+
+def test_an_unanswered_store_before_any_owner_leaves_memory_in_charge(loop) -> None:
+    store = FakeStore(loop, [None])
+    found = run(loop, shared_on(loop, store).claim_or_wait(KEY, 5.0))
+    assert isinstance(found, Claim)
+
+
+def test_a_claim_whose_answer_was_lost_is_still_settled_by_its_owner(loop) -> None:
+    # The call timed out, but Redis may have applied it: the owner must settle it.
+    store = FakeStore(loop, [None])
+    shared = shared_on(loop, store)
+    claim = run(loop, shared.claim_first(KEY))
+    shared.release(claim, True)
+    [(key, owner)] = store.claims
+    assert store.settles == [(key, owner, True)]
+
+
+def test_polls_of_one_claim_use_one_owner_value(loop) -> None:
+    # A poll whose answer was lost may have taken the key: the next must see it as its own.
+    store = FakeStore(loop, [0, None, 0, 1])
+    found = run(loop, shared_on(loop, store).claim_or_wait(KEY, 10.0))
+    assert isinstance(found, Claim)
+    assert len({owner for _, owner in store.claims}) == 1
+    assert len(store.claims) == 4
+
+
+def test_a_settled_answer_acks_and_a_held_one_waits_for_it(loop) -> None:
+    store = FakeStore(loop, [0, 0, 2])
+    assert run(loop, shared_on(loop, store).claim_or_wait(KEY, 10.0)) == "settled"
+    assert len(store.claims) == 3
