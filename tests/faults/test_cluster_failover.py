@@ -130,11 +130,15 @@ def test_consumption_follows_the_cluster_to_whichever_node_is_up(
         ("broker disconnected", label(first), 0.0),
         ("broker connected", label(second), None),
     ], seen
-    # Stopping the second: straight on to the first, which connects, no wait, no retry.
-    assert seen[3:] == [
-        ("broker disconnected", label(second), 0.0),
-        ("broker connected", label(first), None),
-    ], seen
+    # Stopping the second: straight on to the first (no wait), where it ends up
+    # connected. (A first node still warming up may refuse once: that is a retry
+    # the rotation is right to make, so only the first step and the end are fixed.)
+    assert seen[3] == ("broker disconnected", label(second), 0.0), seen
+    assert seen[4][:2] in {
+        ("broker connected", label(first)),
+        ("broker connect failed", label(first)),
+    }
+    assert seen[-1] == ("broker connected", label(first), None), seen
     exposed = generate_latest(svc.metrics.registry).decode()
     every_node = {line["node"] for line in lines if "node" in line}
     every_node |= set(re.findall(r'dispatcher_broker_node\{node="([^"]*)"\}', exposed))
