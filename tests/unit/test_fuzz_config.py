@@ -77,6 +77,27 @@ def _key_paths(shape: type, prefix: str) -> set[str]:
 
 
 KEY_PATHS = frozenset(_key_paths(Settings, ""))
+
+
+def _open_paths(shape: type, prefix: str) -> set[str]:
+    """Keys that hold lists or mappings of values (``broker.url``, ``retry_on``,
+    ``headers``, ``filters``...): an error may name a place inside them."""
+    paths: set[str] = set()
+    hints = get_type_hints(shape, vars(config_module))
+    for f in fields(shape):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        kind = hints[f.name]
+        inner = [a for a in getattr(kind, "__args__", (kind,)) if a is not type(None)]
+        nested = [a for a in inner if isinstance(a, type) and is_dataclass(a)]
+        for arg in nested:
+            sub = f"{path}[]" if getattr(kind, "__origin__", None) is tuple else path
+            paths |= _open_paths(arg, sub)
+        if not nested and "tuple[" in str(kind):
+            paths.add(path)
+    return paths
+
+
+OPEN_PATHS = frozenset(_open_paths(Settings, ""))
 UNKNOWN_KEY = "unknown key (expected one of: "
 
 
@@ -85,7 +106,10 @@ def names_a_key(key: str, problem: str) -> bool:
     unknown key, the key as the user wrote it (any text: it is theirs)."""
     if key in VARIABLES or problem.startswith(UNKNOWN_KEY):
         return bool(key)
-    return re.sub(r"\[[0-9]+\]", "[]", key) in KEY_PATHS
+    path = re.sub(r"\[[0-9]+\]", "[]", key)
+    return path in KEY_PATHS or any(
+        path.startswith((f"{open_path}[", f"{open_path}.")) for open_path in OPEN_PATHS
+    )
 
 
 def assert_settles(load: Callable[[], Settings]) -> None:
