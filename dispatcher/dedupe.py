@@ -135,8 +135,6 @@ class DedupeStore:
 class ClaimStore(Protocol):
     """What ``SharedDedupe`` needs of the shared store (``redis_claims.RedisClaims``)."""
 
-    up: bool
-
     def claim(self, key: str, owner: str, ttl: float) -> Future[int | None]:
         """Resolved in every case, within a bounded time (``None``: no answer)."""
         ...
@@ -222,7 +220,7 @@ class SharedDedupe:
         if claim.shared is None:
             claim.shared = (self._store_key(claim.key), f"{self._owner}{next(self._serial)}")
         store_key, owner = claim.shared
-        # No timer of its own: the store answers every claim, within its call timeout.
+        # No timer here: the store answers every claim within its ANSWER_BOUND.
         return await self._store.claim(store_key, owner, self._ttl)
 
     def _store_key(self, key: Key) -> str:

@@ -4,11 +4,10 @@ redis-py's client blocks, and the engine's loop must never block, so one
 thread of its own (``redis-claims``) talks to Redis. The engine's claims and
 settlements go to it in batches (the first of a batch schedules one hand-over,
 which runs after every callback already ready: all the deliveries one read
-from the broker started), and it sends everything queued
-as at most two ``EVALSHA`` calls in one pipeline: one round trip, however
+from the broker started), and it sends everything queued as ``EVALSHA``
+calls (at most ``CHUNK`` keys each) in one pipeline: one round trip, however
 many deliveries are starting. The answers come back to the loop in one
-wake-up. A batch holds as many deliveries as one read from the broker
-brought, so the store costs microseconds per delivery, not a round trip each.
+wake-up, so the store costs microseconds per delivery, not a round trip each.
 
 Keys are ``dispatcher:dedupe:<binding>:<digest of source and id>``; a value is
 ``c:<owner>`` while a delivery holds it (expiring with the claim's TTL, so a
@@ -18,11 +17,14 @@ claim: the scripts compare the value, as a blind DEL or SET could end a claim
 that has since passed to another replica.
 
 Failures never stop delivery. Every call has a short timeout
-(``CALL_TIMEOUT``); a failed call resolves its claims with ``None`` (the
-caller falls back to in-process memory), counts
+(``CALL_TIMEOUT``, no retries); a failed call resolves its claims with
+``None`` (the caller falls back to in-process memory), counts
 ``dispatcher_dedupe_store_errors_total``, sets ``dispatcher_dedupe_store_up``
-to 0 and logs once. While the store is down no claim waits for it: they are
-answered ``None`` at once, and a ping every ``PROBE_INTERVAL`` finds it again.
+to 0 and logs once. What socket timeouts do not bound (a host name that takes
+forever to resolve) the loop does: a batch's claims still unanswered after
+``ANSWER_BOUND`` are answered ``None`` there (one timer per batch). While
+the store is down no claim waits for it: they are answered ``None`` at once,
+and a probe (a write) every ``PROBE_INTERVAL`` finds it again.
 Settlements that could not be written are kept (up to ``MAX_PENDING``) and
 written when it answers, so a claim made before an outage does not linger
 until its TTL.
@@ -39,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from dispatcher.config import redact_url
 from dispatcher.logs import get_logger
@@ -48,6 +52,7 @@ from dispatcher.metrics import Metrics
 log = get_logger()
 
 CALL_TIMEOUT: Final = 0.5  # connect, send and answer of one batch
+ANSWER_BOUND: Final = 4 * CALL_TIMEOUT  # the engine's own limit on waiting for one
 PROBE_INTERVAL: Final = 1.0  # while down: how often to try again
 MAX_PENDING: Final = 100_000  # settlements kept across an outage
 _IDLE_WAKE: Final = 1.0
@@ -128,7 +133,7 @@ class RedisClaims:
             url,
             socket_timeout=CALL_TIMEOUT,
             socket_connect_timeout=CALL_TIMEOUT,
-            retry_on_timeout=False,
+            retry=Retry(NoBackoff(), 0),  # the timeout is the bound: no silent second try
             health_check_interval=0,
         )
         # Called by their digests: redis-py's Script objects would ask SCRIPT EXISTS
@@ -178,6 +183,9 @@ class RedisClaims:
         self._scheduled = False
         if not (self._new_claims or self._new_settles):
             return
+        if self._new_claims:
+            unanswered = [(claim.future, None) for claim in self._new_claims]
+            self._loop.call_later(ANSWER_BOUND, _resolve_all, unanswered)  # first answer wins
         with self._ready:
             self._claims.extend(self._new_claims)
             self._settles.extend(self._new_settles)
