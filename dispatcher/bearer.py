@@ -49,15 +49,11 @@ class TokenFileError(Exception):
 
 def read_token(path: str) -> str:
     """The token in ``path``, surrounding whitespace (a trailing newline) removed."""
-    return _read(path)
-
-
-def _read(path: str) -> str:
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_TOKEN_BYTES + 1)
     except OSError as e:
-        raise TokenFileError(e.strerror or type(e).__name__) from e
+        raise TokenFileError(_reason(e)) from e
     if len(raw) > MAX_TOKEN_BYTES:
         raise TokenFileError(f"larger than {MAX_TOKEN_BYTES} bytes")
     token = raw.strip().decode("ascii", errors="replace")
@@ -83,8 +79,8 @@ class BearerToken:
         try:
             st = os.stat(path)
         except OSError as e:
-            raise TokenFileError(e.strerror or type(e).__name__) from e
-        self._header = _header(_read(path))  # a TokenFileError: the caller's config error
+            raise TokenFileError(_reason(e)) from e
+        self._header = _header(read_token(path))  # a TokenFileError: the caller's config error
         self._signature = self._trusted(st)
 
     def header(self) -> str:
@@ -92,7 +88,7 @@ class BearerToken:
             st = os.stat(self._path)
         except OSError as e:
             self._signature = None
-            self._failed(e.strerror or type(e).__name__)
+            self._failed(_reason(e))
             return self._header
         if _signature(st) != self._signature:
             self._load(st)
@@ -102,7 +98,7 @@ class BearerToken:
         """Read the file ``st`` described. A bad file is remembered like a good one,
         so it too is read again only when it changes."""
         try:
-            self._header = _header(_read(self._path))
+            self._header = _header(read_token(self._path))
         except TokenFileError as e:
             self._failed(str(e))
         else:
@@ -125,6 +121,10 @@ class BearerToken:
         if not self._failing:
             self._log.warning("bearer token file unreadable; keeping the last token", error=reason)
         self._failing = True
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or type(error).__name__
 
 
 def _header(token: str) -> str:

@@ -84,7 +84,9 @@ class HttpTarget:
     async def send(self, request: HttpRequestParts) -> Outcome:
         # Built once: every attempt sends the same, but for a bearer token that
         # may have rotated in between. The binding's own headers last.
-        headers = request_headers(request.headers) + self._extra_headers
+        headers = request_headers(request.headers)
+        if self._extra_headers:
+            headers.extend(self._extra_headers)
         waits = self._waits
         deadline = waits.time() + self.deadline_seconds()
         retries = self._delivery.retry

@@ -26,7 +26,7 @@ One difference from Knative's broker: ``time`` is compared as the event
 carried it, not re-formatted from a parsed timestamp.
 
 Each predicate is a chain of closures over the compiled values. A 5-entry
-filter that passes every event (each dialect once) costs 0.75 us per event
+filter that passes every event (each dialect once) costs about 0.8 us per event
 here, against about 120 us of CPU for the whole delivery (W1 of ``make bench``
 runs the service with and without it).
 """
@@ -98,33 +98,27 @@ _MATCHERS: dict[str, Callable[[str, str], Predicate]] = {
 }
 
 
-# The loops below are not all()/any() over a generator: building the generator
-# costs more than the five tests of a typical filter (0.39 us against 0.63 us).
-
-
 def _all(predicates: Sequence[Predicate]) -> Predicate:
-    if len(predicates) == 1:
-        return predicates[0]
-    chain = tuple(predicates)
-
-    def passes(attributes: Attributes) -> bool:
-        for predicate in chain:  # noqa: SIM110
-            if not predicate(attributes):
-                return False
-        return True
-
-    return passes
+    return _decided_by(predicates, False)
 
 
 def _any(predicates: Sequence[Predicate]) -> Predicate:
+    return _decided_by(predicates, True)
+
+
+def _decided_by(predicates: Sequence[Predicate], decisive: bool) -> Predicate:
+    """``all`` (``decisive`` False) or ``any`` (True): the first predicate that answers
+    ``decisive`` decides, else the other answer. A loop rather than all()/any()
+    over a generator: building the generator costs more than the five tests of
+    a typical filter (0.39 us against 0.63 us)."""
     if len(predicates) == 1:
         return predicates[0]
     chain = tuple(predicates)
 
     def passes(attributes: Attributes) -> bool:
-        for predicate in chain:  # noqa: SIM110
-            if predicate(attributes):
-                return True
-        return False
+        for predicate in chain:
+            if predicate(attributes) is decisive:
+                return decisive
+        return not decisive
 
     return passes

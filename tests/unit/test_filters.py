@@ -188,8 +188,11 @@ MATCH = st.builds(
 ENTRIES = st.recursive(
     MATCH,
     lambda inner: st.one_of(
-        st.builds(lambda entries: {"all": entries}, st.lists(inner, min_size=1, max_size=3)),
-        st.builds(lambda entries: {"any": entries}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(
+            lambda dialect, entries: {dialect: entries},
+            st.sampled_from(["all", "any"]),
+            st.lists(inner, min_size=1, max_size=3),
+        ),
         st.builds(lambda entry: {"not": entry}, inner),
     ),
     max_leaves=8,
