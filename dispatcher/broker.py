@@ -103,7 +103,7 @@ class Supervisor:
         self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
         self._close_reason = "connection_lost"
         self._was_open = False
-        self._used = False  # this connection got a channel ready: it served
+        self._used_at: float | None = None  # when this connection got a channel ready
         self.last_tick = time.monotonic()
 
     def add_binding(self, settings: BindingSettings) -> None:
@@ -171,7 +171,8 @@ class Supervisor:
                 break
             self._metrics.reconnects.labels(reason).inc()
             # 0 while other nodes of the round are left to try.
-            delay = self._rotation.ended(opened=self._was_open, used=self._used)
+            served = None if self._used_at is None else time.monotonic() - self._used_at
+            delay = self._rotation.ended(opened=self._was_open, served=served)
             log.warning(
                 "broker disconnected", node=node.label, reason=reason, retry_in_s=round(delay, 3)
             )
@@ -191,7 +192,7 @@ class Supervisor:
     def _serve_one_connection(self, node: Node) -> str:
         self._close_reason = "connect_failed"
         self._was_open = False
-        self._used = False
+        self._used_at = None
         connection = SelectConnection(
             node.parameters,
             on_open_callback=self._on_open,
@@ -292,7 +293,8 @@ class Supervisor:
         if generation != b.generation:
             return
         b.ready = True
-        self._used = True
+        if self._used_at is None:
+            self._used_at = time.monotonic()
         orphans = b.in_flight
         if orphans >= b.settings.workers:
             log.warning(

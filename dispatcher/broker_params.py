@@ -111,12 +111,14 @@ class Rotation:
     starting after the node tried last, whatever became of it. The wait before
     the next try is zero until a round is complete; then it is ``backoff.wait(k)``
     with ``k`` the connects failed since the last connection that opened, over
-    the number of nodes. A connection that was put to use (its consumers, or its
-    confirm channel, were set up) and then lost starts a new round, of which it
-    is the first try: so the next node comes at once, and with one node the wait
-    is ``wait(0)``. One lost before it was put to use only counts as a try of the
-    round it is in: nodes that accept connections and then drop them at once
-    still cost a backoff per round, never a busy loop.
+    the number of nodes. A connection that served (its consumers, or its confirm
+    channel, were set up) for at least the first reconnect delay and was then
+    lost starts a new round, of which it is the first try: so the next node comes
+    at once, and with one node the wait is ``wait(0)``. One lost sooner, or
+    before it was put to use, only counts as a try of the round it is in: nodes
+    that drop connections at once, used or not, still cost a backoff per round,
+    never a busy loop (no node is connected to twice within that delay without
+    a wait).
     """
 
     def __init__(self, nodes: Sequence[Node], backoff: Backoff) -> None:
@@ -134,13 +136,15 @@ class Rotation:
         self._cursor = (self._cursor + 1) % len(self.nodes)
         return node
 
-    def ended(self, *, opened: bool, used: bool) -> float:
+    def ended(self, *, opened: bool, served: float | None) -> float:
         """The connection to the node ``next`` gave is over: the seconds to wait before
         the next try (0: go on to the next node at once). ``opened``: it had opened
-        (else the connect failed); ``used``: it had been put to use."""
+        (else the connect failed); ``served``: seconds since it was put to use, None
+        if it never was."""
         if opened:
             self._failed = 0
-            self._tried = 1 if used else self._tried + 1
+            healthy = served is not None and served >= self.backoff.delay
+            self._tried = 1 if healthy else self._tried + 1
         else:
             self._failed += 1
             self._tried += 1

@@ -106,7 +106,7 @@ class Publisher:
         self._channel_failures = 0
         self._blocked = False  # the publisher thread's: a resource alarm blocks us
         self._heard_blocked = False  # this connection got Connection.Blocked, no Unblocked
-        self._used = False  # this connection's confirm channel got ready
+        self._used_at: float | None = None  # when this connection's confirm channel got ready
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
         self.connections_opened = 0  # long-lived: stays 1 while the broker stays up
@@ -190,18 +190,19 @@ class Publisher:
     def _run(self) -> None:
         while not self._stopping.is_set():
             node = self._rotation.next()
-            opened, used = self._serve_one_connection(node)
+            opened, served = self._serve_one_connection(node)
             if self._stopping.is_set():
                 break
             # 0 while other nodes of the round are left to try.
-            delay = self._rotation.ended(opened=opened, used=used)
+            delay = self._rotation.ended(opened=opened, served=served)
             log.warning("publisher disconnected", node=node.label, retry_in_s=round(delay, 3))
             self._stopping.wait(delay)
 
-    def _serve_one_connection(self, node: Node) -> tuple[bool, bool]:
-        """One connection to ``node``, until it ends: (it opened, its channel got ready)."""
+    def _serve_one_connection(self, node: Node) -> tuple[bool, float | None]:
+        """One connection to ``node``, until it ends: (it opened, seconds since its
+        channel got ready, None if it never did)."""
         opened = threading.Event()
-        self._used = False
+        self._used_at = None
         connection = SelectConnection(
             node.parameters,
             on_open_callback=lambda c: self._on_open(c, node, opened),
@@ -221,7 +222,8 @@ class Publisher:
             # Still blocked, as far as anyone knows: the next confirm will tell.
             self._lost("broker connection lost before the confirm")
             release(connection)
-        return opened.is_set(), self._used
+        served = None if self._used_at is None else time.monotonic() - self._used_at
+        return opened.is_set(), served
 
     def _on_open(self, connection: Any, node: Node, opened: threading.Event) -> None:
         opened.set()
@@ -291,7 +293,8 @@ class Publisher:
         )
 
     def _on_ready(self, channel: Any) -> None:
-        self._used = True
+        if self._used_at is None:
+            self._used_at = time.monotonic()
         self._channel = channel
         self._flush()
         self._probe(channel)

@@ -123,6 +123,9 @@ def old_single_url_waits(outcomes: list[bool], backoff: Backoff) -> list[float]:
     return waits
 
 
+SERVED = 60.0  # seconds a connection served before it was lost: a healthy one
+
+
 def test_one_node_waits_exactly_as_before():
     """wait(0) after losing an open connection (used or not), wait(n) after n failed connects."""
     outcomes = [False, False, False, True, False, True, True, False, False, False, False, False]
@@ -131,7 +134,7 @@ def test_one_node_waits_exactly_as_before():
         waits = []
         for opened in outcomes:
             assert one.next() is one.nodes[0]
-            waits.append(one.ended(opened=opened, used=used and opened))
+            waits.append(one.ended(opened=opened, served=SERVED if used and opened else None))
         assert waits == old_single_url_waits(outcomes, midpoint_backoff())
         assert waits[:4] == [2.0, 4.0, 8.0, 1.0]  # and the backoff really grows
 
@@ -141,7 +144,7 @@ def test_nodes_are_tried_in_turn_and_only_a_whole_failed_round_waits():
     tried, waits = [], []
     for _ in range(7):  # nothing answers
         tried.append(three.next().label)
-        waits.append(three.ended(opened=False, used=False))
+        waits.append(three.ended(opened=False, served=None))
     assert tried == ["n0:5672", "n1:5672", "n2:5672", "n0:5672", "n1:5672", "n2:5672", "n0:5672"]
     assert waits == [0.0, 0.0, 2.0, 0.0, 0.0, 4.0, 0.0]
 
@@ -149,19 +152,32 @@ def test_nodes_are_tried_in_turn_and_only_a_whole_failed_round_waits():
 def test_losing_a_connection_in_use_goes_straight_to_the_next_node():
     two = rotation(2)
     assert two.next().label == "n0:5672"
-    assert two.ended(opened=False, used=False) == 0.0  # n0 down at start: on to n1
+    assert two.ended(opened=False, served=None) == 0.0  # n0 down at start: on to n1
     assert two.next().label == "n1:5672"
-    assert two.ended(opened=True, used=True) == 0.0  # n1 served, then died: n0 at once
+    assert two.ended(opened=True, served=SERVED) == 0.0  # n1 served, then died: n0 at once
     assert two.next().label == "n0:5672"
-    assert two.ended(opened=True, used=True) == 0.0  # n0 served, then died: n1 at once
+    assert two.ended(opened=True, served=SERVED) == 0.0  # n0 served, then died: n1 at once
     assert two.next().label == "n1:5672"
     # n1 does not answer: the round that began with losing n0 is over, the backoff
     # starts from its first step, as one node's wait(0) after a loss.
-    assert two.ended(opened=False, used=False) == 1.0
+    assert two.ended(opened=False, served=None) == 1.0
     assert two.next().label == "n0:5672"
-    assert two.ended(opened=False, used=False) == 0.0
+    assert two.ended(opened=False, served=None) == 0.0
     assert two.next().label == "n1:5672"
-    assert two.ended(opened=False, used=False) == 2.0
+    assert two.ended(opened=False, served=None) == 2.0
+
+
+def test_connections_lost_soon_after_use_still_cost_a_wait_per_round():
+    # Served, but for less than the first reconnect delay (1 s here): a node that
+    # drops what it just accepted must not turn the rotation into a busy loop.
+    two = rotation(2)
+    waits = []
+    for _ in range(6):
+        two.next()
+        waits.append(two.ended(opened=True, served=0.5))
+    assert waits == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    two.next()
+    assert two.ended(opened=True, served=1.0) == 0.0  # one that served long enough: at once
 
 
 def test_nodes_that_drop_every_connection_before_it_is_used_still_cost_a_wait_per_round():
@@ -169,7 +185,7 @@ def test_nodes_that_drop_every_connection_before_it_is_used_still_cost_a_wait_pe
     waits = []
     for _ in range(6):
         two.next()
-        waits.append(two.ended(opened=True, used=False))
+        waits.append(two.ended(opened=True, served=None))
     assert waits == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
 
 
