@@ -476,23 +476,22 @@ class Unreadable:
     properties: bytes
 
 
-def wrap_unreadable(message: AmqpMessage, vhost: str, queue: str, properties: bytes) -> Event:
+def wrap_unreadable(
+    message: AmqpMessage, vhost: str, queue: str, unreadable: Unreadable
+) -> tuple[Event, str]:
     """A message whose properties pika could not decode (``amqp_properties``): its
-    body wrapped, with an id that digests the property bytes as received as well as
-    the body (``wrap``'s digest would see no properties at all), so two hostile
-    messages with one body stay two events and a redelivery keeps its id. The
-    service's dead letter and archive's line of the same message share it."""
+    body wrapped, and the reason it is dead-lettered. The id digests the property
+    bytes as received as well as the body (``wrap``'s digest would see no
+    properties at all), so two hostile messages with one body stay two events and
+    a redelivery keeps its id. The service's dead letter and archive's line of the
+    same message share both."""
     digest = hashlib.sha256()
-    for part in (queue.encode(), properties, message.body):
+    for part in (queue.encode(), unreadable.properties, message.body):
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     wrapped = wrap(message, vhost, queue)
-    return Event({**wrapped.attributes, "id": digest.hexdigest()}, wrapped.data)
-
-
-def unreadable_reason(error: str) -> str:
-    """The dead-letter reason of such a message, the same in the service and archive."""
-    return f"unreadable AMQP properties: {error}"
+    event = Event({**wrapped.attributes, "id": digest.hexdigest()}, wrapped.data)
+    return event, f"unreadable AMQP properties: {unreadable.error}"
 
 
 def stable_digest(message: AmqpMessage, queue: str) -> str:

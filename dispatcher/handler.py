@@ -134,7 +134,9 @@ class Handler:
         if delivery.unreadable is None:
             event, problem = self._read(delivery.message)
         else:
-            event, problem = self._unreadable(delivery.message, delivery.unreadable)
+            event, problem = events.wrap_unreadable(
+                delivery.message, self._vhost, self._binding.queue, delivery.unreadable
+            )
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
             self._filtered(event, delivery.redelivered)
             return Action.ACK
@@ -201,18 +203,6 @@ class Handler:
         except Exception as e:  # a mapping bug must not loop the message forever
             self._log.exception("internal error while reading a message")
             return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"
-
-    def _unreadable(self, message: AmqpMessage, unreadable: Unreadable) -> tuple[Event, str]:
-        """A wrapped stand-in for the dead letter, and the reason.
-
-        Its id digests the property bytes as well as the body (the wrap's own
-        digest would see no properties at all): two different hostile messages
-        with one body stay two events, and a redelivery keeps its id.
-        """
-        event = events.wrap_unreadable(
-            message, self._vhost, self._binding.queue, unreadable.properties
-        )
-        return event, events.unreadable_reason(unreadable.error)
 
     def _wrapped(self, message: AmqpMessage) -> Event:
         return events.wrap(message, self._vhost, self._binding.queue)

@@ -91,8 +91,7 @@ def read_event(
     raised. ``unreadable``: pika could not decode the properties (``amqp_properties``):
     the body is wrapped as the service dead-letters such a message."""
     if unreadable is not None:
-        event = events.wrap_unreadable(message, vhost, queue, unreadable.properties)
-        return with_reason(event, events.unreadable_reason(unreadable.error))
+        return with_reason(*events.wrap_unreadable(message, vhost, queue, unreadable))
     try:
         event, problem = events.read(message, vhost, queue)
     except Exception as e:  # a mapping bug must not stop the drain or drop the message

@@ -438,7 +438,8 @@ def test_a_message_pika_cannot_decode_is_archived_with_the_reason(queue, tmp_pat
     assert reason.startswith("unreadable AMQP properties: ValueError"), reason
     # The id the service gives the same message (its dead letter and log line):
     # it digests the property bytes, so two hostile messages with one body differ.
-    expected = events.wrap_unreadable(AmqpMessage(b"hostile body", {}), "/", queue, hostile)
+    unreadable = events.Unreadable("ValueError", hostile)
+    expected, _ = events.wrap_unreadable(AmqpMessage(b"hostile body", {}), "/", queue, unreadable)
     assert archived.id == expected.id
     assert broker.queue_depth(queue) == 0
 
