@@ -50,7 +50,14 @@ import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
 from dispatcher import amqp_properties
-from dispatcher.broker_params import Node, Rotation, nodes, reconnect_backoff, release
+from dispatcher.broker_params import (
+    Node,
+    Rotation,
+    describe_error,
+    nodes,
+    reconnect_backoff,
+    release,
+)
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.engine import Verdict
 from dispatcher.events import AmqpMessage, Unreadable, amqp_message
@@ -61,8 +68,6 @@ from dispatcher.metrics import Metrics
 log = get_logger()
 
 _TICK = 1.0  # the loop proves it is alive this often (for /healthz)
-# Reconnect waits are scaled by a random factor in [0.5, 1.5]: wider than the
-# retry jitter, because after a broker restart every client reconnects at once.
 
 
 @dataclass(slots=True)
@@ -236,7 +241,7 @@ class Supervisor:
 
     def _on_open_error(self, connection: Any, error: Exception) -> None:
         self._close_reason = "connect_failed"
-        log.warning("broker connect failed", node=self._node.label, error=_describe(error))
+        log.warning("broker connect failed", node=self._node.label, error=describe_error(error))
         connection.ioloop.stop()
 
     def _on_close(self, connection: Any, reason: Exception) -> None:
@@ -248,7 +253,7 @@ class Supervisor:
             "broker connection closed",
             node=self._node.label,
             reason=self._close_reason,
-            detail=_describe(reason),
+            detail=describe_error(reason),
         )
         connection.ioloop.stop()
 
@@ -412,7 +417,7 @@ class Supervisor:
             "channel closed",
             binding=b.settings.name,
             reason=label,
-            detail=_describe(reason),
+            detail=describe_error(reason),
             retry_in_s=round(delay, 3),
         )
         connection.ioloop.call_later(delay, partial(self._open_channel, connection, b))
@@ -503,7 +508,3 @@ def _close_reason(error: Exception, current: str) -> str:
     if isinstance(error, pika.exceptions.StreamLostError):
         return "connection_lost"
     return current
-
-
-def _describe(error: Any) -> str:
-    return f"{type(error).__name__}: {error}"[:300]

@@ -168,10 +168,15 @@ def connect_blocking(candidates: Sequence[Node]) -> tuple[Any, Node]:
                 log.warning(
                     "broker connect failed: trying the next node",
                     node=node.label,
-                    error=f"{type(e).__name__}: {e}"[:300],
+                    error=describe_error(e),
                 )
     assert error is not None, "no node to connect to"
     raise error
+
+
+def describe_error(error: object) -> str:
+    """A pika error for a log line: its kind and message, at most 300 characters."""
+    return f"{type(error).__name__}: {error}"[:300]
 
 
 def virtual_host(broker: BrokerSettings) -> str:

@@ -51,7 +51,14 @@ from pika.adapters.select_connection import SelectConnection
 from pika.spec import Basic
 
 from dispatcher import events
-from dispatcher.broker_params import Node, Rotation, nodes, reconnect_backoff, release
+from dispatcher.broker_params import (
+    Node,
+    Rotation,
+    describe_error,
+    nodes,
+    reconnect_backoff,
+    release,
+)
 from dispatcher.config import BrokerSettings
 from dispatcher.confirm_window import ConfirmWindow
 from dispatcher.events import Event
@@ -92,8 +99,7 @@ class Publisher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # Built once: URL parsing and TLS files are not re-read on every reconnect.
-        self._reconnect = reconnect_backoff(broker)
-        self._rotation = Rotation(nodes(broker, "publisher"), self._reconnect)
+        self._rotation = Rotation(nodes(broker, "publisher"), reconnect_backoff(broker))
         self._loop = loop
         self._on_blocked = on_blocked or (lambda _blocked: None)
         self._clock = clock
@@ -269,7 +275,7 @@ class Publisher:
         channel.connection.ioloop.call_later(_PROBE_INTERVAL, partial(self._probe, channel))
 
     def _on_open_error(self, connection: Any, node: Node, error: BaseException | str) -> None:
-        log.warning("publisher connect failed", node=node.label, error=f"{error}"[:300])
+        log.warning("publisher connect failed", node=node.label, error=describe_error(error))
         connection.ioloop.stop()
 
     def _on_close(self, connection: Any, node: Node, reason: BaseException) -> None:

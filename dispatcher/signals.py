@@ -91,7 +91,10 @@ class Signals:
             if self._on_first is not None:
                 # On a thread of its own: however long asking takes (a call into
                 # Spark's JVM), this thread is back in sigwait for the second signal.
-                threading.Thread(target=self._ask, name="signals-ask", daemon=True).start()
+                try:
+                    threading.Thread(target=self._ask, name="signals-ask", daemon=True).start()
+                except RuntimeError as e:  # no thread to be had: the second signal still works
+                    os.write(2, f"dispatcher: could not ask the work to stop: {e}\n".encode())
 
     def _ask(self) -> None:
         assert self._on_first is not None

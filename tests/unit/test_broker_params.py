@@ -52,7 +52,8 @@ def test_every_connection_waits_as_broker_reconnect_says():
     loop = Loop()
     try:
         publisher = Publisher(broker, loop)  # connects only once started
-        assert publisher._reconnect == reconnect_backoff(broker, publisher._reconnect.rng)
+        used = publisher._rotation.backoff
+        assert used == reconnect_backoff(broker, used.rng)
     finally:
         loop.close()
 
