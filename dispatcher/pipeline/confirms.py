@@ -15,13 +15,17 @@ records are never sent twice. An unconfirmed record may still have reached a
 queue before the loss, so a resent record can arrive twice; ``resent`` counts
 them. Messages are ``mandatory``: a replay routed nowhere is a failure, not
 a success.
+
+Given a cluster's nodes, each connection goes to the node after the one used
+last: a node lost mid-partition leads straight to the next, and the backoff
+applies when a whole round of nodes failed (one node: after every failure).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -68,7 +72,7 @@ class PublishResult:
 class ConfirmedPublisher:
     def __init__(
         self,
-        parameters: pika.ConnectionParameters,
+        nodes: Sequence[pika.ConnectionParameters],
         exchange: str,
         routing_key: str,
         *,
@@ -79,7 +83,9 @@ class ConfirmedPublisher:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._parameters = parameters
+        if not nodes:
+            raise ValueError("a publisher needs at least one node")
+        self._nodes = tuple(nodes)
         self._exchange = exchange
         self._routing_key = routing_key
         self._size = window
@@ -118,8 +124,10 @@ class ConfirmedPublisher:
             if self._clock() - progress_at > self._give_up_after:
                 self._fail_the_rest(f"gave up: {self._last_error}")
                 break
-            self._sleep(self._backoff.wait(failures))
             failures += 1
+            rounds, tried = divmod(failures, len(self._nodes))
+            if tried == 0:  # a whole round of nodes failed (or made no progress)
+                self._sleep(self._backoff.wait(rounds - 1))
         if self._source_error is not None:
             raise self._source_error
         return self.result
@@ -128,11 +136,12 @@ class ConfirmedPublisher:
         return self._exhausted and not self._resend and not self._window
 
     def _run_one_connection(self) -> None:
+        node = self._nodes[self.result.connections % len(self._nodes)]  # in turn
         self.result.connections += 1
         connection = None
         try:
             connection = self._connection = pika.SelectConnection(
-                self._parameters,
+                node,
                 on_open_callback=self._on_connection_open,
                 on_open_error_callback=self._on_open_error,
                 on_close_callback=self._on_connection_closed,

@@ -35,7 +35,6 @@ failed, 2 when the job could not start.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import shutil
@@ -57,7 +56,6 @@ from dispatcher.pipeline import spark as spark_session
 from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
 
 if TYPE_CHECKING:
-    import pika
     from pyspark.sql import DataFrame, SparkSession
 
 ARCHIVE_FILES: Final = "*.{jsonl,jsonl.gz}"
@@ -302,9 +300,9 @@ def publish(
     rate = options.rate / partitions if options.rate else None
 
     def publish_partition(index: int, rows: Iterable[Any]) -> Iterator[PublishResult]:
-        # Runs on an executor: one connection for the whole partition.
-        parameters = _answering_node(broker, f"replay-{index}")
-        publisher = ConfirmedPublisher(parameters, exchange, routing_key, rate=rate)
+        # Runs on an executor: one connection at a time for the whole partition.
+        candidates = [node.parameters for node in nodes(broker, f"replay-{index}")]
+        publisher = ConfirmedPublisher(candidates, exchange, routing_key, rate=rate)
         yield publisher.publish(_outgoing(row) for row in rows)
 
     ordered = (
@@ -313,24 +311,6 @@ def publish(
         .sortWithinPartitions("instant_us", "source", "id")
     )
     return ordered.rdd.mapPartitionsWithIndex(publish_partition).collect()
-
-
-def _answering_node(broker: BrokerSettings, role: str) -> pika.URLParameters:
-    """The parameters of the first node that accepts a connection (asked with one that
-    is closed at once); the first node if none does, so the publisher's own retries
-    and give-up report it. With one node, it is that node, unasked."""
-    candidates = nodes(broker, role)
-    if len(candidates) == 1:
-        return candidates[0].parameters
-    import pika.exceptions
-
-    try:
-        connection, node = connect_blocking(candidates)
-    except pika.exceptions.AMQPConnectionError:
-        return candidates[0].parameters
-    with contextlib.suppress(Exception):
-        connection.close()
-    return node.parameters
 
 
 def _outgoing(row: Any) -> Outgoing:

@@ -157,7 +157,7 @@ def bench_single_process(made: list[Event], pipelined: bool) -> dict[str, float]
     messages = outgoing(made)
     started = time.perf_counter()
     if pipelined:
-        result = ConfirmedPublisher(pika.URLParameters(URL), "", queue).publish(messages)
+        result = ConfirmedPublisher([pika.URLParameters(URL)], "", queue).publish(messages)
         assert result.published == len(messages), result
     else:
         with pika.BlockingConnection(pika.URLParameters(URL)) as connection:

@@ -106,7 +106,7 @@ def _records(ids: list[str]) -> Iterator[Outgoing]:
 
 
 def preload(queue: str, ids: list[str]) -> None:
-    publisher = ConfirmedPublisher(pika.URLParameters(URL), "", queue)
+    publisher = ConfirmedPublisher([pika.URLParameters(URL)], "", queue)
     result = publisher.publish(_records(ids))
     if result.published != len(ids) or result.resent:
         raise BenchError(

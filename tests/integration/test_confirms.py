@@ -57,7 +57,7 @@ def params(url: str = broker.URL) -> pika.URLParameters:
 
 def test_publishes_every_record_persistent_on_one_connection(queue: str) -> None:
     sent = records(3000)
-    result = ConfirmedPublisher(params(), "", queue, window=200).publish(iter(sent))
+    result = ConfirmedPublisher([params()], "", queue, window=200).publish(iter(sent))
     assert (result.published, result.failed, result.resent, result.connections) == (3000, 0, 0, 1)
     got = drain(queue)
     assert sorted(i for i, _ in got) == sorted(r.key[1] for r in sent)
@@ -76,7 +76,7 @@ def test_a_connection_cut_resends_only_the_unconfirmed_tail(queue: str) -> None:
             yield record
 
     try:
-        publisher = ConfirmedPublisher(params(proxy.url), "", queue, window=window)
+        publisher = ConfirmedPublisher([params(proxy.url)], "", queue, window=window)
         result = publisher.publish(source())
     finally:
         proxy.close()
@@ -95,8 +95,8 @@ def test_unroutable_records_fail_and_the_rest_are_published(queue: str) -> None:
         ch.exchange_declare(exchange, "direct")
         ch.queue_bind(queue, exchange, routing_key="bound")
     try:
-        routed = ConfirmedPublisher(params(), exchange, "bound").publish(records(10, "r"))
-        lost = ConfirmedPublisher(params(), exchange, "nowhere").publish(records(5, "u"))
+        routed = ConfirmedPublisher([params()], exchange, "bound").publish(records(10, "r"))
+        lost = ConfirmedPublisher([params()], exchange, "nowhere").publish(records(5, "u"))
     finally:
         with broker.channel() as ch:
             ch.exchange_delete(exchange)
@@ -113,7 +113,7 @@ def test_an_unreachable_broker_fails_every_record_within_the_bound() -> None:
         url = f"amqp://guest:guest@127.0.0.1:{unused.getsockname()[1]}/%2F"
     started = time.monotonic()
     result = ConfirmedPublisher(
-        params(url), "", "anything", give_up_after=1.0, sleep=lambda s: time.sleep(min(s, 0.2))
+        [params(url)], "", "anything", give_up_after=1.0, sleep=lambda s: time.sleep(min(s, 0.2))
     ).publish(records(25))
     assert time.monotonic() - started < 15
     assert (result.published, result.failed) == (0, 25)
@@ -122,9 +122,24 @@ def test_an_unreachable_broker_fails_every_record_within_the_bound() -> None:
     assert reason.startswith("gave up: cannot connect")
 
 
+def test_a_dead_first_node_leads_straight_to_the_next(queue: str) -> None:
+    # A cluster's nodes (FIELD-NOTES failure 8): the first refuses, the second takes
+    # everything, and nobody waited in between (a backoff is for a whole failed round).
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead = f"amqp://guest:guest@127.0.0.1:{unused.getsockname()[1]}/%2F"
+    slept: list[float] = []
+    result = ConfirmedPublisher([params(dead), params()], "", queue, sleep=slept.append).publish(
+        records(20)
+    )
+    assert (result.published, result.failed, result.connections) == (20, 0, 2)
+    assert slept == []
+    assert broker.queue_depth(queue) == 20
+
+
 def test_rate_limit_spaces_publishes(queue: str) -> None:
     started = time.monotonic()
-    result = ConfirmedPublisher(params(), "", queue, rate=200).publish(records(101))
+    result = ConfirmedPublisher([params()], "", queue, rate=200).publish(records(101))
     elapsed = time.monotonic() - started
     assert result.published == 101
     # 101 publishes at 200/s need at least 100 intervals of 5 ms; unlimited takes ~20 ms.
@@ -140,7 +155,7 @@ def test_rate_limit_keeps_one_timer_whatever_the_confirms(queue: str) -> None:
             fired.append(1)
             super()._on_pump_timer()
 
-    result = Counting(params(), "", queue, rate=400).publish(records(201))
+    result = Counting([params()], "", queue, rate=400).publish(records(201))
     assert result.published == 201
     # One timer per wait at most: ~200 here. Re-arming on every confirm made it
     # grow with the square of the records.
@@ -150,7 +165,7 @@ def test_rate_limit_keeps_one_timer_whatever_the_confirms(queue: str) -> None:
 def test_a_record_that_cannot_be_encoded_fails_alone(queue: str) -> None:
     bad = Outgoing(("/tests", "bad"), b"{}", {"x" * 300: "v", "ce-id": "bad"}, None)
     sent = [*records(5, "a"), bad, *records(5, "b")]
-    result = ConfirmedPublisher(params(), "", queue).publish(sent)
+    result = ConfirmedPublisher([params()], "", queue).publish(sent)
     assert (result.published, result.failed, result.connections) == (10, 1, 1)
     (reason,) = result.reasons
     assert reason.startswith("cannot be published: ShortStringTooLong")
@@ -163,7 +178,7 @@ def test_an_input_error_is_raised_not_counted_as_done(queue: str) -> None:
         raise RuntimeError("the archive could not be read")
 
     with pytest.raises(RuntimeError, match="could not be read"):
-        ConfirmedPublisher(params(), "", queue).publish(broken())
+        ConfirmedPublisher([params()], "", queue).publish(broken())
 
 
 def test_every_connection_attempt_frees_its_sockets_and_loop() -> None:
@@ -176,7 +191,7 @@ def test_every_connection_attempt_frees_its_sockets_and_loop() -> None:
     gc.disable()
     try:
         result = ConfirmedPublisher(
-            params(url), "", "anything", give_up_after=1.0, sleep=lambda s: time.sleep(0.05)
+            [params(url)], "", "anything", give_up_after=1.0, sleep=lambda s: time.sleep(0.05)
         ).publish(records(3))
         assert result.connections >= 5
         assert len(os.listdir("/proc/self/fd")) <= fds + 1
