@@ -13,11 +13,11 @@ import base64
 from dataclasses import dataclass
 
 from dispatcher import events
+from dispatcher.broker.publisher import Publisher
 from dispatcher.config import DeadLetterSettings, redact_url
-from dispatcher.delivery import HttpTarget, Result
 from dispatcher.events import Event
+from dispatcher.http.target import HttpTarget, Result
 from dispatcher.logs import get_logger
-from dispatcher.publisher import Publisher
 
 log = get_logger()
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dispatcher import logs
 from dispatcher.handler import Action, Handler, Received
-from dispatcher.httpclient import HttpClient
+from dispatcher.http.client import HttpClient
 from dispatcher.logs import get_logger
 from dispatcher.loop import Loop, Waits
 from dispatcher.metrics import BindingMetrics

@@ -39,11 +39,11 @@ from dispatcher import events, logs
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim, Dedupe
-from dispatcher.delivery import HttpTarget, Result
 from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event, Unreadable
 from dispatcher.filters import Predicate
-from dispatcher.httpclient import Response
+from dispatcher.http.client import Response
+from dispatcher.http.target import HttpTarget, Result
 from dispatcher.logs import get_logger
 from dispatcher.loop import Waits
 from dispatcher.metrics import BindingMetrics

@@ -5,10 +5,10 @@ or ``reply.url``.
 from __future__ import annotations
 
 from dispatcher import events
+from dispatcher.broker.publisher import Publisher
 from dispatcher.config import ReplySettings
-from dispatcher.delivery import HttpTarget, Result
 from dispatcher.events import Event
-from dispatcher.publisher import Publisher
+from dispatcher.http.target import HttpTarget, Result
 
 
 class Replier:

@@ -26,22 +26,22 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from dispatcher.bearer import BearerToken, TokenFileError
-from dispatcher.broker import Supervisor
-from dispatcher.broker_params import virtual_host
+from dispatcher.broker.params import virtual_host
+from dispatcher.broker.publisher import Publisher
+from dispatcher.broker.supervisor import Supervisor
 from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import Dedupe, DedupeStore, SharedDedupe
-from dispatcher.delivery import HttpTarget
 from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError
 from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler, longest_attempt
-from dispatcher.httpclient import Endpoint, endpoint
+from dispatcher.http.client import Endpoint, endpoint
+from dispatcher.http.server import OpsServer
+from dispatcher.http.target import HttpTarget
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
-from dispatcher.publisher import Publisher
 from dispatcher.reply import Replier
-from dispatcher.server import OpsServer
 
 if TYPE_CHECKING:
     from dispatcher.redis_claims import RedisClaims

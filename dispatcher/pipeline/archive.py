@@ -57,8 +57,9 @@ from typing import Any, Final
 import pika
 import pika.exceptions
 
-from dispatcher import amqp_properties, events, logs
-from dispatcher.broker_params import connect_blocking, nodes, redacted_urls, virtual_host
+from dispatcher import events, logs
+from dispatcher.broker import amqp_properties
+from dispatcher.broker.params import connect_blocking, nodes, redacted_urls, virtual_host
 from dispatcher.config import BrokerSettings
 from dispatcher.deadletter import with_reason
 from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError

@@ -33,8 +33,8 @@ import pika
 import pika.exceptions
 from pika.spec import Basic
 
-from dispatcher.broker_params import release
-from dispatcher.confirm_window import ConfirmWindow
+from dispatcher.broker.confirm_window import ConfirmWindow
+from dispatcher.broker.params import release
 from dispatcher.retry import Backoff
 
 DEFAULT_WINDOW: Final = 1000

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher import events
-from dispatcher.broker_params import connect_blocking, nodes, redacted_urls
+from dispatcher.broker.params import connect_blocking, nodes, redacted_urls
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed, BatchInputError, EventError
 from dispatcher.events import Event

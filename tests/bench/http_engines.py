@@ -9,7 +9,7 @@ measured after a warm-up of 1,000 requests on the same connections. Median of
 R runs, interleaved. nginx runs on the same 2 CPUs, as in the service bench.
 
 Engines (those whose library is not installed are skipped):
-- ``dispatcher``: ``dispatcher.httpclient.HttpClient`` (libcurl's multi
+- ``dispatcher``: ``dispatcher.http.client.HttpClient`` (libcurl's multi
   interface through pycurl) on ``dispatcher.loop``, a coroutine per request;
 - ``pycurl-asyncio``: the same libcurl multi driven from asyncio
   (``add_reader``/``add_writer``/``call_later``, as tornado's curl client does);
@@ -53,7 +53,7 @@ HEADERS = payload.http_headers("bench-http-engines")
 
 
 def _dispatcher(url: str, total: int, concurrency: int) -> None:
-    from dispatcher.httpclient import Endpoint, HttpClient, Reading, request_headers
+    from dispatcher.http.client import Endpoint, HttpClient, Reading, request_headers
     from dispatcher.loop import Loop
 
     loop = Loop()
@@ -142,7 +142,7 @@ async def _pycurl_asyncio(
 
     import pycurl
 
-    from dispatcher.httpclient import request_headers
+    from dispatcher.http.client import request_headers
 
     loop = asyncio.get_running_loop()
     multi = pycurl.CurlMulti()

@@ -96,7 +96,15 @@ def test_the_wheel_the_image_installs_holds_the_package(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     [wheel] = tmp_path.glob("dispatcher-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("__main__", "cli", "broker", "handler", "events", "server", "knative"):
+    for module in (
+        "__main__",
+        "cli",
+        "broker/supervisor",
+        "handler",
+        "events",
+        "http/server",
+        "knative",
+    ):
         assert f"dispatcher/{module}.py" in names
     assert "dispatcher/py.typed" in names
     assert not any(name.startswith(("tests/", "cmd/")) for name in names)

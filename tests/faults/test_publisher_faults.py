@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.loop import Future, Loop
-from dispatcher.publisher import Publisher
 from tests.support.broker import channel, delete, queue_depth, unique, wait_until
 from tests.support.node import RabbitNode
 

@@ -31,7 +31,7 @@ from urllib.parse import unquote
 import pytest
 from pika import spec
 
-from dispatcher import amqp_properties
+from dispatcher.broker import amqp_properties
 from dispatcher.metrics import RECONNECT_REASONS
 from tests.support import broker
 from tests.support.broker import publish_events, queue_depth, wait_until

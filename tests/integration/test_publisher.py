@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.loop import Future, Loop
-from dispatcher.publisher import Publisher
 from tests.support import broker
 
 pytestmark = pytest.mark.broker

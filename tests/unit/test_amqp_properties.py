@@ -14,8 +14,8 @@ import pytest
 from pika import frame, spec
 from pika.exceptions import InvalidFieldTypeException
 
-from dispatcher import amqp_properties
-from dispatcher.amqp_properties import TolerantBasicProperties
+from dispatcher.broker import amqp_properties
+from dispatcher.broker.amqp_properties import TolerantBasicProperties
 from tests.support.raw_amqp import nested_tables, properties, table, timestamp
 
 HOSTILE = {

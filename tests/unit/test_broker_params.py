@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.broker_params import (
+from dispatcher.broker.params import (
     Node,
     Rotation,
     connection_parameters,
@@ -11,9 +11,9 @@ from dispatcher.broker_params import (
     redacted_urls,
     virtual_host,
 )
+from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings, ReconnectSettings, load_settings
 from dispatcher.loop import Loop
-from dispatcher.publisher import Publisher
 from dispatcher.retry import Backoff
 
 
@@ -196,7 +196,7 @@ def test_a_rotation_needs_a_node():
 
 
 def test_the_consumer_and_the_publisher_go_round_every_node():
-    from dispatcher.broker import Supervisor
+    from dispatcher.broker.supervisor import Supervisor
     from dispatcher.metrics import Metrics
 
     supervisor = Supervisor(CLUSTER, Metrics())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatcher.confirm_window import NACKED, ConfirmWindow
+from dispatcher.broker.confirm_window import NACKED, ConfirmWindow
 
 
 def window_with(*keys: str) -> ConfirmWindow[str]:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pytest
 
 from dispatcher.config import DeliverySettings
-from dispatcher.delivery import ERROR_BODY_LIMIT, HttpTarget, Outcome, Result
 from dispatcher.events import HttpRequestParts
-from dispatcher.httpclient import Endpoint, HttpClient
+from dispatcher.http.client import Endpoint, HttpClient
+from dispatcher.http.target import ERROR_BODY_LIMIT, HttpTarget, Outcome, Result
 from dispatcher.loop import Loop, Waits
 from tests.support.subscriber import Reply
 

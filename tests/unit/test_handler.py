@@ -11,10 +11,10 @@ from dispatcher import logs
 from dispatcher.config import settings_from_dict
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import Claim
-from dispatcher.delivery import HttpTarget
 from dispatcher.events import AmqpMessage
 from dispatcher.handler import Action, Handler, Received
-from dispatcher.httpclient import Endpoint
+from dispatcher.http.client import Endpoint
+from dispatcher.http.target import HttpTarget
 from dispatcher.loop import Loop, Waits
 from dispatcher.metrics import Metrics
 from dispatcher.reply import Replier

@@ -17,7 +17,7 @@ import pytest
 
 from dispatcher.config import TlsSettings
 from dispatcher.errors import ConfigError
-from dispatcher.httpclient import (
+from dispatcher.http.client import (
     Endpoint,
     HttpClient,
     Reading,

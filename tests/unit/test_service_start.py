@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from dispatcher.config import settings_from_dict
 from dispatcher.errors import ConfigError
-from dispatcher.server import OpsServer
+from dispatcher.http.server import OpsServer
 from dispatcher.service import Service
 from tests.support.node import free_port
 

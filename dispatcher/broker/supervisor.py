@@ -49,8 +49,8 @@ import pika
 import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
-from dispatcher import amqp_properties
-from dispatcher.broker_params import (
+from dispatcher.broker import amqp_properties
+from dispatcher.broker.params import (
     Node,
     Rotation,
     describe_error,

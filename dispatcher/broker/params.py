@@ -26,7 +26,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from dispatcher import amqp_properties
+from dispatcher.broker import amqp_properties
 from dispatcher.config import BrokerSettings, redact_url
 from dispatcher.logs import get_logger
 from dispatcher.retry import Backoff

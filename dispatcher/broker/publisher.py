@@ -51,7 +51,8 @@ from pika.adapters.select_connection import SelectConnection
 from pika.spec import Basic
 
 from dispatcher import events
-from dispatcher.broker_params import (
+from dispatcher.broker.confirm_window import ConfirmWindow
+from dispatcher.broker.params import (
     Node,
     Rotation,
     describe_error,
@@ -60,7 +61,6 @@ from dispatcher.broker_params import (
     release,
 )
 from dispatcher.config import BrokerSettings
-from dispatcher.confirm_window import ConfirmWindow
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future, Loop, Timer

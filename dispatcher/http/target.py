@@ -21,7 +21,7 @@ from typing import Final
 from dispatcher.bearer import BearerToken
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
-from dispatcher.httpclient import Endpoint, HttpClient, Reading, Response, request_headers
+from dispatcher.http.client import Endpoint, HttpClient, Reading, Response, request_headers
 from dispatcher.loop import Waits
 from dispatcher.retry import Backoff, Verdict, classify, retried_statuses
 
