@@ -13,11 +13,10 @@ import base64
 from dataclasses import dataclass
 
 from dispatcher import events
-from dispatcher.broker.publisher import Publisher
 from dispatcher.config import DeadLetterSettings, redact_url
 from dispatcher.events import Event
-from dispatcher.http.target import HttpTarget, Result
 from dispatcher.logs import get_logger
+from dispatcher.seams import ConfirmingPublisher, Result, Target, status_field
 
 log = get_logger()
 
@@ -31,7 +30,9 @@ _REASON_CHARS = 512
 class Failure:
     """Why an event is being dead-lettered."""
 
-    code: int  # last HTTP status, -1 for timeout/transport error or for our own decision
+    code: (
+        int | None
+    )  # last HTTP status; None: no answer (timeout, transport error) or our own decision
     body: bytes = b""
     reason: str | None = None
 
@@ -39,7 +40,7 @@ class Failure:
 def dead_letter_event(event: Event, destination: str, failure: Failure) -> Event:
     extensions = {
         "knativeerrordest": redact_url(destination),
-        "knativeerrorcode": str(failure.code),
+        "knativeerrorcode": str(status_field(failure.code)),
         "knativeerrordata": base64.b64encode(failure.body[:_ERROR_DATA_BYTES]).decode("ascii"),
     }
     stamped = event.with_extensions(extensions)
@@ -67,8 +68,8 @@ class DeadLetterer:
         settings: DeadLetterSettings,
         destination: str,
         content_mode: str,
-        sink: HttpTarget | None,
-        publisher: Publisher | None,
+        sink: Target | None,
+        publisher: ConfirmingPublisher | None,
         publish_timeout: float,
     ) -> None:
         self._destination = destination
@@ -89,19 +90,21 @@ class DeadLetterer:
             accepted |= await self._to_exchange(self._publisher, self._exchange, letter)
         return accepted
 
-    async def _to_sink(self, sink: HttpTarget, letter: Event) -> bool:
+    async def _to_sink(self, sink: Target, letter: Event) -> bool:
         outcome = await sink.send(events.to_http(letter, self._mode))
         if outcome.result is Result.DELIVERED:
             return True
         log.warning(
             "dead-letter sink refused",
             ce_id=letter.id,
-            status=outcome.last.status,
+            status=status_field(outcome.last.status),
             error=outcome.last.error,
         )
         return False
 
-    async def _to_exchange(self, publisher: Publisher, exchange: str, letter: Event) -> bool:
+    async def _to_exchange(
+        self, publisher: ConfirmingPublisher, exchange: str, letter: Event
+    ) -> bool:
         error = await publisher.publish_event(
             exchange, self._routing_key, letter, self._publish_timeout
         )

@@ -39,9 +39,10 @@ import secrets
 import socket
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Final
 
 from dispatcher.loop import Future, Waits
+from dispatcher.seams import ClaimStore, Found
 
 Key = tuple[str, str]  # (source, id)
 
@@ -58,7 +59,7 @@ class Claim:
     shared: tuple[str, str] | None = None  # (store key, owner value) when the store holds it
 
 
-class DedupeStore:
+class MemoryDedupe:
     def __init__(self, window: float, waits: Waits, capacity: int = DEFAULT_CAPACITY) -> None:
         self._window = window
         self._waits = waits
@@ -70,7 +71,7 @@ class DedupeStore:
     def enabled(self) -> bool:
         return self._window > 0
 
-    async def claim_or_wait(self, key: Key, wait: float) -> Claim | Literal["settled", "busy"]:
+    async def claim_or_wait(self, key: Key, wait: float) -> Claim | Found:
         """For a redelivery: ``"settled"`` if ``key`` was settled here (now or while
         waiting for the attempt in flight), a new ``Claim`` if nobody holds it, or
         ``"busy"`` if another attempt still holds it after ``wait`` or at shutdown.
@@ -132,16 +133,6 @@ class DedupeStore:
             del settled[key]
 
 
-class ClaimStore(Protocol):
-    """What ``SharedDedupe`` needs of the shared store (``redis_claims.RedisClaims``)."""
-
-    def claim(self, key: str, owner: str, ttl: float) -> Future[int | None]:
-        """Resolved in every case, within a bounded time (``None``: no answer)."""
-        ...
-
-    def settle(self, key: str, owner: str, settled: bool, window: float) -> None: ...
-
-
 CLAIMED: Final = 1
 SETTLED: Final = 2
 FIRST_POLL: Final = 0.05
@@ -158,7 +149,7 @@ class SharedDedupe:
         claim_ttl: float,
         waits: Waits,
         store: ClaimStore,
-        local: DedupeStore,
+        local: MemoryDedupe,
     ) -> None:
         self._prefix = f"dispatcher:dedupe:{binding}:"
         self._window = window
@@ -182,7 +173,7 @@ class SharedDedupe:
         await self._shared_claim(claim)
         return claim
 
-    async def claim_or_wait(self, key: Key, wait: float) -> Claim | Literal["settled", "busy"]:
+    async def claim_or_wait(self, key: Key, wait: float) -> Claim | Found:
         deadline = self._waits.time() + wait
         found = await self._local.claim_or_wait(key, wait)
         if not isinstance(found, Claim):
@@ -229,6 +220,3 @@ class SharedDedupe:
             f"{source}\0{event_id}".encode("utf-8", "surrogatepass"), digest_size=16
         ).hexdigest()
         return self._prefix + digest
-
-
-Dedupe = DedupeStore | SharedDedupe

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from dispatcher import logs
 from dispatcher.handler import Action, Handler, Received
-from dispatcher.http.client import HttpClient
 from dispatcher.logs import get_logger
 from dispatcher.loop import Loop, Waits
 from dispatcher.metrics import BindingMetrics
@@ -52,12 +51,12 @@ class _Binding:
 
 
 class Engine:
-    def __init__(self, max_connections: int) -> None:
+    def __init__(self) -> None:
         self.loop = Loop("engine")
         self.waits = Waits(self.loop)
-        self.http = HttpClient(self.loop, max_connections)
         self.lines = logs.DeliveryLines()
         self._bindings: dict[str, _Binding] = {}
+        self._closers: list[Callable[[], None]] = []
         self._settle: Verdicts = lambda _verdicts: None
         self._verdicts: list[Verdict] = []
         self._in_flight = 0
@@ -71,6 +70,10 @@ class Engine:
         self._bindings[name] = binding
         # Read when scraped: no gauge update (and its lock) per delivery.
         metrics.inflight.set_function(lambda: binding.in_flight)
+
+    def close_at_stop(self, close: Callable[[], None]) -> None:
+        """Run ``close`` on the loop thread as the engine stops (the HTTP client)."""
+        self._closers.append(close)
 
     def settle_with(self, settle: Verdicts) -> None:
         """Where verdicts go (the supervisor), one batch per loop iteration."""
@@ -99,7 +102,7 @@ class Engine:
         self.loop.call_soon_threadsafe(lambda _arg: self.waits.give_up(), None)
 
     def stop(self, timeout: float) -> bool:
-        self.loop.call_soon_threadsafe(lambda _arg: self.http.close(), None)
+        self.loop.call_soon_threadsafe(self._close_all, None)
         return self.loop.stop(timeout)
 
     # ----------------------------------------------------------------- the loop thread
@@ -126,6 +129,10 @@ class Engine:
             binding.in_flight -= 1
             self._verdicts.append(Verdict(binding.name, received, action))
             self._in_flight -= 1
+
+    def _close_all(self, _arg: object) -> None:
+        for close in self._closers:
+            close()
 
     def _begin_shutdown(self, _arg: object) -> None:
         self._shutting_down = True

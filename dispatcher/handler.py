@@ -38,17 +38,16 @@ from typing import Any
 from dispatcher import events, logs
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
-from dispatcher.dedupe import Claim, Dedupe
+from dispatcher.dedupe import Claim
 from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event, Unreadable
 from dispatcher.filters import Predicate
-from dispatcher.http.client import Response
-from dispatcher.http.target import HttpTarget, Result
 from dispatcher.logs import get_logger
 from dispatcher.loop import Waits
 from dispatcher.metrics import BindingMetrics
 from dispatcher.reply import Replier
 from dispatcher.retry import Backoff
+from dispatcher.seams import Dedupe, Response, Result, Target, status_field
 
 log = get_logger()
 
@@ -78,7 +77,7 @@ class _Final:
     action: Action
     outcome: str | None  # the log/metric outcome; None for LEAVE
     attempts: int
-    status: int
+    status: int | None  # None: no HTTP status (timeout, transport error, our own decision)
     reason: str | None = None
 
 
@@ -88,7 +87,7 @@ class _ReplyProblem:
     invalid: bool  # the reply itself is bad (dead-letter) vs. its target failed (retry later)
 
 
-def longest_attempt(binding: BindingSettings, subscriber: HttpTarget) -> float:
+def longest_attempt(binding: BindingSettings, subscriber: Target) -> float:
     """How long a first attempt may hold its claim: its own deadline plus what may
     follow it (dead-letter sink, reply URL, each bounded like it; publishes; the
     requeue wait). A redelivery waits this long at most, and a shared claim
@@ -102,7 +101,7 @@ class Handler:
         self,
         binding: BindingSettings,
         vhost: str,
-        subscriber: HttpTarget,
+        subscriber: Target,
         dead_letterer: DeadLetterer,
         replier: Replier,
         dedupe: Dedupe,
@@ -171,7 +170,7 @@ class Handler:
 
     async def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
         if problem is not None:
-            return await self._give_up(event, Failure(-1, reason=problem), attempts=0)
+            return await self._give_up(event, Failure(None, reason=problem), attempts=0)
         try:
             return await self._deliver(event, message)
         except Exception as e:
@@ -179,7 +178,7 @@ class Handler:
             # dead-letter it with the reason instead, so the queue moves on.
             self._log.exception("internal error while delivering", ce_id=event.id)
             reason = f"internal error: {type(e).__name__}: {e}"
-            return await self._give_up(event, Failure(-1, reason=reason), attempts=0)
+            return await self._give_up(event, Failure(None, reason=reason), attempts=0)
 
     async def _backed_off(self, retry_number: int) -> bool:
         """Wait before giving a message back (at once it would come straight back);
@@ -256,7 +255,7 @@ class Handler:
             reason += "; every dead-letter target failed"
         return await self._not_settled(attempts, failure.code, reason)
 
-    async def _not_settled(self, attempts: int, status: int, reason: str) -> _Final:
+    async def _not_settled(self, attempts: int, status: int | None, reason: str) -> _Final:
         if self._waits.given_up:
             # Shutdown cut a dead-letter or reply attempt short: that is not a
             # failure of the message. Leave it for redelivery (PRODUCT.md).
@@ -289,7 +288,7 @@ class Handler:
             "ce_type": event.type,
             "ce_source": event.source,
             "attempts": final.attempts,
-            "status": final.status,
+            "status": status_field(final.status),
             "duration_ms": round((self._waits.time() - started) * 1000.0, 3),
             "redelivered": delivery.redelivered,
         }

@@ -27,9 +27,9 @@ RECONNECT_REASONS = (
 CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
 
 
-def code_class(status: int) -> str:
-    """``-1`` (timeout, transport error) is ``error``; otherwise the hundreds digit."""
-    if 200 <= status < 600:
+def code_class(status: int | None) -> str:
+    """No status (timeout, transport error) is ``error``; otherwise the hundreds digit."""
+    if status is not None and 200 <= status < 600:
         return _CLASSES[status // 100]
     return "error"
 
@@ -192,6 +192,6 @@ class BindingMetrics:
         self.inflight = metrics.inflight.labels(binding)
         self.duplicates_suppressed = metrics.duplicates_suppressed.labels(binding)
 
-    def observe_attempt(self, status: int, seconds: float) -> None:
+    def observe_attempt(self, status: int | None, seconds: float) -> None:
         self.attempts[code_class(status)].inc()
         self.dispatch_duration.observe(seconds)

@@ -5,10 +5,9 @@ or ``reply.url``.
 from __future__ import annotations
 
 from dispatcher import events
-from dispatcher.broker.publisher import Publisher
 from dispatcher.config import ReplySettings
 from dispatcher.events import Event
-from dispatcher.http.target import HttpTarget, Result
+from dispatcher.seams import ConfirmingPublisher, Result, Target, status_field
 
 
 class Replier:
@@ -16,8 +15,8 @@ class Replier:
         self,
         settings: ReplySettings,
         content_mode: str,
-        target: HttpTarget | None,
-        publisher: Publisher | None,
+        target: Target | None,
+        publisher: ConfirmingPublisher | None,
         publish_timeout: float,
     ) -> None:
         self._mode = content_mode
@@ -35,7 +34,8 @@ class Replier:
             outcome = await self._target.send(events.to_http(reply, self._mode))
             if outcome.result is Result.DELIVERED:
                 return None
-            return f"reply URL answered {outcome.last.status} ({outcome.last.error or 'HTTP'})"
+            last = outcome.last
+            return f"reply URL answered {status_field(last.status)} ({last.error or 'HTTP'})"
         if self._exchange is not None and self._publisher is not None:
             error = await self._publisher.publish_event(
                 self._exchange, self._routing_key, reply, self._publish_timeout

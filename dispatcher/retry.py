@@ -46,14 +46,15 @@ def retried_statuses(retry_on: Iterable[int | str]) -> frozenset[int]:
 DEFAULT_RETRIED: Final = retried_statuses(DEFAULT_RETRY_ON)
 
 
-def classify(status: int, retried: frozenset[int] = DEFAULT_RETRIED) -> Verdict:
-    """Verdict for an HTTP status; ``-1`` stands for a timeout or transport error,
-    always retried. ``retried``: ``retried_statuses`` of the binding's ``retry_on``."""
+def classify(status: int | None, retried: frozenset[int] = DEFAULT_RETRIED) -> Verdict:
+    """Verdict for an HTTP status; ``None`` (no status: a timeout or transport
+    error) is always retried. ``retried``: ``retried_statuses`` of the binding's
+    ``retry_on``."""
+    if status is None:
+        return Verdict.RETRY
     if 200 <= status < 300:
         return Verdict.SUCCESS
-    if status < 0 or status in retried:
-        return Verdict.RETRY
-    return Verdict.FAIL
+    return Verdict.RETRY if status in retried else Verdict.FAIL
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,17 +31,18 @@ from dispatcher.broker.publisher import Publisher
 from dispatcher.broker.supervisor import Supervisor
 from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
-from dispatcher.dedupe import Dedupe, DedupeStore, SharedDedupe
+from dispatcher.dedupe import MemoryDedupe, SharedDedupe
 from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError
 from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler, longest_attempt
-from dispatcher.http.client import Endpoint, endpoint
+from dispatcher.http.client import Endpoint, HttpClient, endpoint
 from dispatcher.http.server import OpsServer
 from dispatcher.http.target import HttpTarget
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.reply import Replier
+from dispatcher.seams import Dedupe
 
 if TYPE_CHECKING:
     from dispatcher.redis_claims import RedisClaims
@@ -69,7 +70,9 @@ class Service:
             for b, e in zip(settings.bindings, endpoints, strict=True)
         )
         self._sockets_needed = connections + _OWN_DESCRIPTORS
-        self.engine = Engine(max_connections=connections)
+        self.engine = Engine()
+        self.http = HttpClient(self.engine.loop, connections)
+        self.engine.close_at_stop(self.http.close)
         try:
             self._build(settings, endpoints)
         except BaseException:
@@ -127,7 +130,7 @@ class Service:
             if url is None:
                 return None
             return HttpTarget(
-                engine.http,
+                self.http,
                 url,
                 binding.delivery,
                 engine.waits,
@@ -172,7 +175,7 @@ class Service:
         self.supervisor.add_binding(binding)
 
     def _dedupe(self, binding: BindingSettings, claim_ttl: float) -> Dedupe:
-        local = DedupeStore(binding.dedupe_window, self.engine.waits)
+        local = MemoryDedupe(binding.dedupe_window, self.engine.waits)
         if self.claims is None:
             return local
         waits = self.engine.waits

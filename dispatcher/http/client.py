@@ -23,7 +23,7 @@ body longer than ``limit`` ends the transfer there (curl stops reading; the
 connection is closed). The answer is still the status the server sent, with
 ``truncated`` set: a 2xx with an oversized body is a delivery.
 
-Every failure is a value: ``Response.status == -1`` with ``error`` saying
+Every failure is a value: ``Response.status is None`` with ``error`` saying
 what happened (``timeout`` when the attempt's budget ran out). Nothing here
 raises into the delivery code.
 """
@@ -41,6 +41,7 @@ import pycurl
 from dispatcher.config import TlsSettings, redact_url
 from dispatcher.errors import ConfigError
 from dispatcher.loop import FAILED, READABLE, WRITABLE, Future, Loop, Timer
+from dispatcher.seams import Response
 
 USER_AGENT: Final = "dispatcher"
 # curl adds these unless told not to: a form content type on every POST
@@ -106,57 +107,6 @@ class Reading:
     keep: int
     limit: int
     headers: bool = False
-
-
-class Response:
-    """One attempt's answer: a status with headers and (part of) the body, or -1 and why."""
-
-    __slots__ = ("_head", "body", "error", "retry_after", "status", "timed_out", "truncated")
-
-    def __init__(
-        self,
-        status: int,
-        body: bytes = b"",
-        head: list[bytes] | None = None,
-        error: str | None = None,
-        truncated: bool = False,
-        timed_out: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
-        self.status = status
-        self.body = body
-        self._head = head or []
-        self.error = error
-        self.truncated = truncated
-        self.timed_out = timed_out
-        self.retry_after = retry_after  # seconds the server asked for, if it did
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        """Header names lower-cased; a repeated header keeps its last value. Empty
-        unless ``Reading.headers`` asked for them."""
-        return parse_head(self._head)
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
-
-
-def parse_head(lines: list[bytes]) -> dict[str, str]:
-    """The headers of the final response in curl's raw header lines.
-
-    curl hands over every header block it read (a ``100 Continue`` first, say);
-    only the last one, after the last status line, is the response's.
-    """
-    headers: dict[str, str] = {}
-    for raw in lines:
-        line = raw.decode("latin-1").rstrip("\r\n")
-        if line.startswith("HTTP/"):
-            headers = {}
-            continue
-        name, sep, value = line.partition(":")
-        if sep and name and not name[0].isspace():
-            headers[name.strip().lower()] = value.strip()
-    return headers
 
 
 class _Transfer:
@@ -243,8 +193,8 @@ class _Transfer:
                 response.retry_after = float(self.curl.getinfo(pycurl.RETRY_AFTER)) or None
             return response
         if code == pycurl.E_OPERATION_TIMEDOUT:
-            return Response(-1, error="timeout", timed_out=True)
-        return Response(-1, error=f"curl error {code}: {message}"[:300])
+            return Response(None, error="timeout", timed_out=True)
+        return Response(None, error=f"curl error {code}: {message}"[:300])
 
 
 def _easy_handle(endpoint: Endpoint) -> pycurl.Curl:
@@ -317,7 +267,7 @@ class HttpClient:
     ) -> Future[Response]:
         future: Future[Response] = self._loop.create_future()
         if self._closed:
-            future.resolve(Response(-1, error="HTTP client closed"))
+            future.resolve(Response(None, error="HTTP client closed"))
             return future
         idle = self._idle.get(endpoint)
         transfer = idle.pop() if idle else self._new_transfer(endpoint)
@@ -360,7 +310,7 @@ class _Multi:
         try:
             self._multi.add_handle(transfer.curl)
         except pycurl.error as e:
-            transfer.finish(Response(-1, error=f"curl refused the request: {e}"))
+            transfer.finish(Response(None, error=f"curl refused the request: {e}"))
             return
         self.busy[id(transfer.curl)] = transfer
         if not self._kicked:

@@ -14,36 +14,22 @@ message is left for the broker to redeliver.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Final
 
 from dispatcher.bearer import BearerToken
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
-from dispatcher.http.client import Endpoint, HttpClient, Reading, Response, request_headers
+from dispatcher.http.client import Endpoint, HttpClient, Reading, request_headers
 from dispatcher.loop import Waits
 from dispatcher.retry import Backoff, Verdict, classify, retried_statuses
+from dispatcher.seams import Outcome, Result
 
 # What an error-response body contributes to a dead letter is at most 1024
 # base64 characters; keeping a little more than that is plenty.
 ERROR_BODY_LIMIT: Final = 4096
 
 
-class Result(Enum):
-    DELIVERED = "delivered"  # a 2xx
-    FAILED = "failed"  # not retryable, or retries exhausted
-    ABANDONED = "abandoned"  # shutdown ended a retry wait: leave the message unacked
-
-
-@dataclass(slots=True)
-class Outcome:
-    result: Result
-    last: Response
-    attempts: int
-
-
-AttemptObserver = Callable[[int, float], None]  # (status, seconds)
+AttemptObserver = Callable[[int | None, float], None]  # (status, seconds)
 
 
 class HttpTarget:

@@ -17,7 +17,7 @@ import pytest
 import structlog
 from prometheus_client import generate_latest
 
-from dispatcher.dedupe import Claim, DedupeStore, SharedDedupe
+from dispatcher.dedupe import Claim, MemoryDedupe, SharedDedupe
 from dispatcher.loop import Loop, Waits
 from dispatcher.metrics import Metrics
 from dispatcher.redis_claims import CALL_TIMEOUT, RedisClaims
@@ -36,7 +36,9 @@ class Replica:
         self.claims = RedisClaims(url, loop, self.metrics)
         self.claims.start()
         waits = Waits(loop)
-        self.dedupe = SharedDedupe(binding, 60.0, ttl, waits, self.claims, DedupeStore(60.0, waits))
+        self.dedupe = SharedDedupe(
+            binding, 60.0, ttl, waits, self.claims, MemoryDedupe(60.0, waits)
+        )
 
     def close(self) -> None:
         self.claims.close(5.0)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.dedupe import Claim, DedupeStore
+from dispatcher.dedupe import Claim, MemoryDedupe
 from dispatcher.loop import Loop, Waits
 
 KEY = ("/src", "id-1")
@@ -29,15 +29,15 @@ def loop():
     made.close()
 
 
-def store_on(loop: Loop, window: float = 10.0, **kwargs: Any) -> DedupeStore:
-    return DedupeStore(window, Waits(loop), **kwargs)
+def store_on(loop: Loop, window: float = 10.0, **kwargs: Any) -> MemoryDedupe:
+    return MemoryDedupe(window, Waits(loop), **kwargs)
 
 
 def run(loop: Loop, coro: Coroutine[Any, Any, Any]) -> Any:
     return loop.run_until_complete(coro)
 
 
-def settle(store: DedupeStore, key=KEY, settled: bool = True) -> None:
+def settle(store: MemoryDedupe, key=KEY, settled: bool = True) -> None:
     claim = store.claim(key)
     assert claim is not None
     store.release(claim, settled)
@@ -92,7 +92,7 @@ def test_a_busy_key_is_never_claimed_while_its_attempt_runs(loop):
 
 def test_shutdown_ends_the_wait_as_busy(loop):
     waits = Waits(loop)
-    store = DedupeStore(10.0, waits)
+    store = MemoryDedupe(10.0, waits)
     assert store.claim(KEY) is not None
     loop.call_later(0.05, waits.give_up)
     started = time.monotonic()
@@ -163,7 +163,7 @@ def shared_on(loop: Loop, store: FakeStore) -> Any:
     from dispatcher.dedupe import SharedDedupe
 
     waits = Waits(loop)
-    return SharedDedupe("b", 10.0, 30.0, waits, store, DedupeStore(10.0, waits))
+    return SharedDedupe("b", 10.0, 30.0, waits, store, MemoryDedupe(10.0, waits))
 
 
 def test_a_store_that_stops_answering_never_lets_a_held_event_be_sent(loop) -> None:

@@ -15,8 +15,9 @@ import pytest
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import Endpoint, HttpClient
-from dispatcher.http.target import ERROR_BODY_LIMIT, HttpTarget, Outcome, Result
+from dispatcher.http.target import ERROR_BODY_LIMIT, HttpTarget
 from dispatcher.loop import Loop, Waits
+from dispatcher.seams import Outcome, Result
 from tests.support.subscriber import Reply
 
 REQUEST = HttpRequestParts({"ce-id": "1"}, b"{}")
@@ -114,7 +115,7 @@ def test_slow_drip_body_is_cut_at_the_attempt_budget(client):
     finally:
         stop.set()
         server.close()
-    assert outcome.last.status == -1
+    assert outcome.last.status is None
     assert outcome.last.error == "timeout"
     assert elapsed < 1.5
 
@@ -127,7 +128,7 @@ def test_connection_refused_is_retried_as_minus_one(client):
     outcome = client.send(target(client, f"http://127.0.0.1:{port}/", retry=1))
     assert outcome.result is Result.FAILED
     assert outcome.attempts == 2
-    assert outcome.last.status == -1
+    assert outcome.last.status is None
     assert outcome.last.error
 
 

@@ -4,7 +4,7 @@ from dispatcher.metrics import RECONNECT_REASONS, Metrics, code_class, duration_
 
 
 def test_code_classes():
-    assert [code_class(s) for s in (200, 302, 404, 503, -1)] == [
+    assert [code_class(s) for s in (200, 302, 404, 503, None)] == [
         "2xx",
         "3xx",
         "4xx",

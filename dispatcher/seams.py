@@ -1,0 +1,156 @@
+"""What the core needs from the outside world, and the values that cross over.
+
+The core (``handler``, ``deadletter``, ``reply``, ``dedupe``) decides what
+happens to a message; the broker side (``dispatcher.broker``), the HTTP side
+(``dispatcher.http``) and the shared store (``redis_claims``) carry it out.
+The core sees them only through these Protocols, which is what lets the
+Handler's whole decision table run on in-memory fakes
+(``tests/unit/test_handler_table.py``) and keeps pika, pycurl and redis out of
+the core's imports (``tests/unit/test_boundaries.py``).
+
+- ``Target``: one URL with a retry policy (``http.target.HttpTarget``).
+- ``ConfirmingPublisher``: publishes an event and says whether the broker
+  confirmed it (``broker.publisher.Publisher``).
+- ``Dedupe``: a binding's duplicate suppression (``dedupe.MemoryDedupe``,
+  ``dedupe.SharedDedupe``); ``ClaimStore`` is what ``SharedDedupe`` needs of
+  the store every replica shares (``redis_claims.RedisClaims``).
+
+A failed attempt is a value, not an exception: ``Response.status`` is
+``None`` when no HTTP status came back (a timeout, a refused connection, a
+transport error) and ``error`` says what happened. Only where the contract
+writes it out (log lines, metric labels, dead-letter extensions) does that
+become ``-1`` (``status_field``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from dispatcher.dedupe import Claim, Key
+    from dispatcher.events import Event, HttpRequestParts
+    from dispatcher.loop import Future
+
+
+def status_field(status: int | None) -> int:
+    """How a missing HTTP status is written in logs, metrics and dead letters."""
+    return -1 if status is None else status
+
+
+class Response:
+    """One attempt's answer: a status with headers and (part of) the body, or no
+    status (``None``) and why in ``error``."""
+
+    __slots__ = ("_head", "body", "error", "retry_after", "status", "timed_out", "truncated")
+
+    def __init__(
+        self,
+        status: int | None,
+        body: bytes = b"",
+        head: list[bytes] | None = None,
+        error: str | None = None,
+        truncated: bool = False,
+        timed_out: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self._head = head or []
+        self.error = error
+        self.truncated = truncated
+        self.timed_out = timed_out
+        self.retry_after = retry_after  # seconds the server asked for, if it did
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Header names lower-cased; a repeated header keeps its last value. Empty
+        unless the target asked for them."""
+        return parse_head(self._head)
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+
+def parse_head(lines: list[bytes]) -> dict[str, str]:
+    """The headers of the final response in raw header lines.
+
+    A client may hand over every header block it read (a ``100 Continue``
+    first, say); only the last one, after the last status line, is the
+    response's.
+    """
+    headers: dict[str, str] = {}
+    for raw in lines:
+        line = raw.decode("latin-1").rstrip("\r\n")
+        if line.startswith("HTTP/"):
+            headers = {}
+            continue
+        name, sep, value = line.partition(":")
+        if sep and name and not name[0].isspace():
+            headers[name.strip().lower()] = value.strip()
+    return headers
+
+
+class Result(Enum):
+    DELIVERED = "delivered"  # a 2xx
+    FAILED = "failed"  # not retryable, or retries exhausted
+    ABANDONED = "abandoned"  # shutdown ended a retry wait: leave the message unacked
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How sending to a target ended: the result, the last answer, how many attempts."""
+
+    result: Result
+    last: Response
+    attempts: int
+
+
+class Target(Protocol):
+    """One URL with a retry policy: every attempt, wait and deadline is its own."""
+
+    def send(self, request: HttpRequestParts) -> Awaitable[Outcome]: ...
+
+    def deadline_seconds(self) -> float:
+        """The longest a ``send`` may take, retries and waits included."""
+        ...
+
+
+class ConfirmingPublisher(Protocol):
+    """Publishes persistently; the answer is ``None`` once the broker confirmed, else why not."""
+
+    def publish_event(
+        self, exchange: str, routing_key: str, event: Event, timeout: float
+    ) -> Awaitable[str | None]: ...
+
+
+Found = Literal["settled", "busy"]
+
+
+class Dedupe(Protocol):
+    """A binding's duplicate suppression, as the Handler uses it."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    async def claim_or_wait(self, key: Key, wait: float) -> Claim | Found:
+        """For a redelivery: settled already, a new claim, or still busy after ``wait``."""
+        ...
+
+    async def claim_first(self, key: Key) -> Claim | None:
+        """For a first delivery; ``None`` when another attempt holds the key."""
+        ...
+
+    def release(self, claim: Claim, settled: bool) -> None: ...
+
+
+class ClaimStore(Protocol):
+    """What ``SharedDedupe`` needs of the store every replica shares."""
+
+    def claim(self, key: str, owner: str, ttl: float) -> Future[int | None]:
+        """Resolved in every case, within a bounded time (``None``: no answer)."""
+        ...
+
+    def settle(self, key: str, owner: str, settled: bool, window: float) -> None: ...
