@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from dispatcher.errors import TokenFileError
 from dispatcher.logs import get_logger
 
 log = get_logger()
@@ -41,10 +42,6 @@ MAX_TOKEN_BYTES: Final = 64 * 1024
 _TOKEN: Final = re.compile(r"[!-~]([ -~]*[!-~])?")
 
 _Signature = tuple[int, int, int, int, int]
-
-
-class TokenFileError(Exception):
-    """The token file cannot give a token; ``str()`` says why (never the token)."""
 
 
 def read_token(path: str) -> str:

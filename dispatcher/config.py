@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 import pika
 import yaml
 
-from dispatcher.bearer import TokenFileError, read_token
-from dispatcher.errors import ConfigError
+from dispatcher.bearer import read_token
+from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.retry import DEFAULT_RETRY_ON, RETRY_CLASSES
 
 if TYPE_CHECKING:

@@ -1,10 +1,14 @@
-"""The one exception hierarchy of dispatcher.
+"""Every error dispatcher raises on purpose, in one tree.
 
-Third-party errors (pika, sockets, yaml, cloudevents) are translated into these
-where they enter the package, and nowhere else::
+Third-party errors (pika, libcurl, redis, sockets, yaml, cloudevents, OS
+errors on files) are translated into these where they enter the package, and
+nowhere else::
 
     DispatcherError
     ├── ConfigError            bad configuration; names the key; exit code 2
+    ├── TokenFileError         a bearer token file gives no token (at start the
+    │                          caller makes it a ConfigError naming the key; later
+    │                          the last good token is kept)
     ├── EventError             a message that cannot become a valid CloudEvent
     │   └── NotACloudEvent     no specversion at all (wrap it or dead-letter it)
     ├── BatchInputError        a batch command cannot start: missing input, no PySpark,
@@ -13,11 +17,22 @@ where they enter the package, and nowhere else::
                                a lost broker, a full disk, unconfirmed publishes, a
                                signal; exit code 1
 
-Losing the consuming connection or a channel is not an exception anywhere: the
-supervisor turns pika's close notifications into reconnect reasons. Nor is a
-failed HTTP attempt or an unconfirmed publish: on the engine's loop they are
-values (``Response.status == -1`` with ``error``; the publish future's reason),
-which the delivery code inspects.
+What is *not* an exception, because the code that meets it decides what
+happens next and must not be unwound past the ack decision:
+
+- a lost consuming connection or channel: the supervisor turns pika's close
+  notifications into reconnect reasons (the ``reason`` label of
+  ``dispatcher_reconnects_total``);
+- a failed HTTP attempt: a ``seams.Response`` whose ``status`` is ``None``
+  and whose ``error`` says what happened (a timeout, a refused connection);
+- an unconfirmed or returned publish: the publish's answer is the reason as a
+  string (``None`` when the broker confirmed it);
+- a shared dedupe store that does not answer: the claim's answer is ``None``,
+  and memory decides as without a store.
+
+``ValueError``/``RuntimeError`` raised inside the package mean a bug in the
+caller (a publisher built with no nodes, a future read before it resolved),
+not bad input.
 """
 
 from __future__ import annotations
@@ -34,6 +49,10 @@ class ConfigError(DispatcherError):
         super().__init__(f"{key}: {problem}" if key else problem)
         self.key = key
         self.problem = problem
+
+
+class TokenFileError(DispatcherError):
+    """A bearer token file cannot give a token; ``str()`` says why (never the token)."""
 
 
 class EventError(DispatcherError):

@@ -17,9 +17,10 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 # Every line of the process goes out under this lock, text and newline in one
 # write: with stdout unbuffered (PYTHONUNBUFFERED=1, as in the image) each write
@@ -90,8 +91,10 @@ def configure(level: str = "info", fmt: str = "json") -> None:
     logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
-def get_logger(**initial: Any) -> Any:
-    return structlog.get_logger("dispatcher", **initial)
+def get_logger(**initial: Any) -> FilteringBoundLogger:
+    """The package's logger: structlog's filtering bound logger (``configure``
+    sets its level and renderer); lines are ``log.info("what", field=value)``."""
+    return cast(FilteringBoundLogger, structlog.get_logger("dispatcher", **initial))
 
 
 _ENCODER = json.JSONEncoder(default=repr)

@@ -23,7 +23,9 @@ RETRY_CLASSES: Final = ("4xx", "5xx")
 JITTER = 0.2
 
 
-class Verdict(Enum):
+class Decision(Enum):
+    """What an attempt's answer means for the delivery."""
+
     SUCCESS = "success"
     RETRY = "retry"
     FAIL = "fail"  # not retryable: dead-letter at once
@@ -46,15 +48,15 @@ def retried_statuses(retry_on: Iterable[int | str]) -> frozenset[int]:
 DEFAULT_RETRIED: Final = retried_statuses(DEFAULT_RETRY_ON)
 
 
-def classify(status: int | None, retried: frozenset[int] = DEFAULT_RETRIED) -> Verdict:
-    """Verdict for an HTTP status; ``None`` (no status: a timeout or transport
+def classify(status: int | None, retried: frozenset[int] = DEFAULT_RETRIED) -> Decision:
+    """Decision for an HTTP status; ``None`` (no status: a timeout or transport
     error) is always retried. ``retried``: ``retried_statuses`` of the binding's
     ``retry_on``."""
     if status is None:
-        return Verdict.RETRY
+        return Decision.RETRY
     if 200 <= status < 300:
-        return Verdict.SUCCESS
-    return Verdict.RETRY if status in retried else Verdict.FAIL
+        return Decision.SUCCESS
+    return Decision.RETRY if status in retried else Decision.FAIL
 
 
 @dataclass(frozen=True, slots=True)

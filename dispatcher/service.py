@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from dispatcher.bearer import BearerToken, TokenFileError
+from dispatcher.bearer import BearerToken
 from dispatcher.broker.params import virtual_host
 from dispatcher.broker.publisher import Publisher
 from dispatcher.broker.supervisor import Supervisor
@@ -33,7 +33,7 @@ from dispatcher.config import BindingSettings, Settings
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import MemoryDedupe, SharedDedupe
 from dispatcher.engine import Engine
-from dispatcher.errors import ConfigError
+from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler, longest_attempt
 from dispatcher.http.client import Endpoint, HttpClient, endpoint

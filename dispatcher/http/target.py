@@ -21,7 +21,7 @@ from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import Endpoint, HttpClient, Reading, request_headers
 from dispatcher.loop import Waits
-from dispatcher.retry import Backoff, Verdict, classify, retried_statuses
+from dispatcher.retry import Backoff, Decision, classify, retried_statuses
 from dispatcher.seams import Outcome, Result
 
 # What an error-response body contributes to a dead letter is at most 1024
@@ -87,10 +87,10 @@ class HttpTarget:
             if self._observe is not None:
                 self._observe(response.status, waits.time() - started)
             number += 1
-            verdict = classify(response.status, self._retried)
-            if verdict is Verdict.SUCCESS:
+            decision = classify(response.status, self._retried)
+            if decision is Decision.SUCCESS:
                 return Outcome(Result.DELIVERED, response, number)
-            if verdict is Verdict.FAIL or number > retries:
+            if decision is Decision.FAIL or number > retries:
                 return Outcome(Result.FAILED, response, number)
             wait = self._backoff.wait(number - 1, response.retry_after)
             if waits.time() + wait >= deadline:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from dispatcher.bearer import RACY_SECONDS, BearerToken, TokenFileError
+from dispatcher.bearer import RACY_SECONDS, BearerToken
+from dispatcher.errors import TokenFileError
 
 
 def header(token: str) -> str:

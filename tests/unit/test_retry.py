@@ -4,40 +4,40 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.retry import Backoff, Verdict, classify, retried_statuses
+from dispatcher.retry import Backoff, Decision, classify, retried_statuses
 
 
 @pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
 def test_2xx_is_success(status):
-    assert classify(status) is Verdict.SUCCESS
+    assert classify(status) is Decision.SUCCESS
 
 
 @pytest.mark.parametrize("status", [404, 408, 409, 429, 500, 502, 503, 504, 599, None])
 def test_retried_statuses(status):
-    assert classify(status) is Verdict.RETRY
+    assert classify(status) is Decision.RETRY
 
 
 @pytest.mark.parametrize("status", [300, 301, 302, 304, 307, 400, 401, 403, 405, 410, 413, 422])
 def test_other_3xx_4xx_fail_at_once(status):
-    assert classify(status) is Verdict.FAIL
+    assert classify(status) is Decision.FAIL
 
 
 # (retry_on, status) -> verdict: a plain reading of the rule, case by case.
 @pytest.mark.parametrize(
     ("retry_on", "status", "verdict"),
     [
-        ((409,), 409, Verdict.RETRY),
-        ((409,), 503, Verdict.FAIL),  # 5xx only when listed
-        (("5xx",), 503, Verdict.RETRY),
-        (("5xx",), 409, Verdict.FAIL),
-        (("5xx",), 600, Verdict.FAIL),  # not an HTTP status: never retried
-        (("4xx",), 400, Verdict.RETRY),
-        (("4xx",), 499, Verdict.RETRY),
-        (("4xx",), 500, Verdict.FAIL),
-        ((), 503, Verdict.FAIL),
-        ((), None, Verdict.RETRY),  # timeouts and connection errors, always
-        ((301, "5xx"), 301, Verdict.RETRY),
-        (("4xx", "5xx"), 204, Verdict.SUCCESS),
+        ((409,), 409, Decision.RETRY),
+        ((409,), 503, Decision.FAIL),  # 5xx only when listed
+        (("5xx",), 503, Decision.RETRY),
+        (("5xx",), 409, Decision.FAIL),
+        (("5xx",), 600, Decision.FAIL),  # not an HTTP status: never retried
+        (("4xx",), 400, Decision.RETRY),
+        (("4xx",), 499, Decision.RETRY),
+        (("4xx",), 500, Decision.FAIL),
+        ((), 503, Decision.FAIL),
+        ((), None, Decision.RETRY),  # timeouts and connection errors, always
+        ((301, "5xx"), 301, Decision.RETRY),
+        (("4xx", "5xx"), 204, Decision.SUCCESS),
     ],
 )
 def test_retry_on(retry_on, status, verdict):
