@@ -3,8 +3,8 @@
 ``Handler.handle`` is a coroutine on the engine loop (every wait in it, for
 the subscriber, a retry, a confirm or a duplicate claim, awaits a future; no
 thread is held) and returns an ``Action`` that the broker thread applies to
-the message's own channel generation. The rules
-(PRODUCT.md, "Delivery semantics"; invariant 1 of FIELD-NOTES):
+the message's own channel generation. The rules (at-least-once: a message
+is settled only once somebody has taken responsibility for its event):
 
 - ACK only after the subscriber's 2xx (and the reply's acceptance, if there is
   a reply to forward), or after a dead-letter target accepted the event;
@@ -258,7 +258,7 @@ class Handler:
     async def _not_settled(self, attempts: int, status: int | None, reason: str) -> _Final:
         if self._waits.given_up:
             # Shutdown cut a dead-letter or reply attempt short: that is not a
-            # failure of the message. Leave it for redelivery (PRODUCT.md).
+            # failure of the message. Leave it for redelivery.
             return _Final(Action.LEAVE, None, attempts, status, reason)
         if self._own_dlx:
             return _Final(Action.REJECT, "rejected", attempts, status, reason)

@@ -1,4 +1,6 @@
-"""Prometheus metrics, named exactly as PRODUCT.md ("Operations") lists them.
+"""Prometheus metrics. Their names and labels are part of the user contract
+(the README's metrics list, dashboards and the alert rules in
+``deploy/prometheus``): never rename one.
 
 Labels are low-cardinality by construction: a binding name (validated at
 load), an outcome, a status class, a reconnect reason. Never an event id or URL.

@@ -6,7 +6,7 @@ configured), the shared dedupe store's client (with ``dedupe.store``), the
 ops listener's, and the main thread waiting for a signal. None of them is
 per delivery.
 
-Shutdown order (PRODUCT.md, "Operations"): readiness off and consumers
+Shutdown order (``docs/design.md``, "Shutdown"): readiness off and consumers
 cancelled; in-flight work gets ``shutdown.grace`` to finish and be acked;
 then waits are cut short, whatever is still unsettled is left unacked for the
 broker to redeliver, and the connection is closed. Every step is bounded.

@@ -13,7 +13,7 @@ the wrong type). Nothing is parsed in Python: the rules are Spark SQL
 expressions, so executors need no Python packages of ours and a million
 lines cost seconds, not minutes.
 
-Outputs in ``OUT`` (the contract's names and columns; see PRODUCT.md):
+Outputs in ``OUT`` (file names and columns are part of the user contract):
 ``summary.csv``, ``errors.csv``, ``attempts.csv``, the same tables as
 ``*.parquet`` folders, ``summary.md`` and ``report.png``, plus ``counts.json``.
 """
