@@ -128,19 +128,19 @@ class Handler:
             binding.declare is not None and binding.declare.dead_letter_exchange is not None
         )
 
-    async def handle(self, delivery: Received) -> Action:
+    async def handle(self, received: Received) -> Action:
         started = self._waits.time()
-        if delivery.unreadable is None:
-            event, problem = self._read(delivery.message)
+        if received.unreadable is None:
+            event, problem = self._read(received.message)
         else:
             event, problem = events.wrap_unreadable(
-                delivery.message, self._vhost, self._binding.queue, delivery.unreadable
+                received.message, self._vhost, self._binding.queue, received.unreadable
             )
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
-            self._filtered(event, delivery.redelivered)
+            self._filtered(event, received.redelivered)
             return Action.ACK
         claim: Claim | None = None
-        if self._dedupe.enabled and delivery.redelivered:
+        if self._dedupe.enabled and received.redelivered:
             found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
             if found == "settled":
                 self._metrics.duplicates_suppressed.inc()
@@ -160,12 +160,12 @@ class Handler:
             return Action.LEAVE
         settled = False
         try:
-            final = await self._settle(event, problem, delivery.message)
+            final = await self._settle(event, problem, received.message)
             settled = final.outcome in ("delivered", "dead_lettered")
         finally:
             if claim is not None:
                 self._dedupe.release(claim, settled)
-        self._record(delivery, event, final, started)
+        self._record(received, event, final, started)
         return final.action
 
     async def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
@@ -278,7 +278,7 @@ class Handler:
             redelivered=redelivered,
         )
 
-    def _record(self, delivery: Received, event: Event, final: _Final, started: float) -> None:
+    def _record(self, received: Received, event: Event, final: _Final, started: float) -> None:
         if final.outcome is None:
             return
         fields: dict[str, Any] = {
@@ -290,7 +290,7 @@ class Handler:
             "attempts": final.attempts,
             "status": status_field(final.status),
             "duration_ms": round((self._waits.time() - started) * 1000.0, 3),
-            "redelivered": delivery.redelivered,
+            "redelivered": received.redelivered,
         }
         if final.reason:
             fields["reason"] = final.reason
