@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import ssl
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
@@ -59,13 +58,6 @@ class TlsSettings:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
-
-    def context(self) -> ssl.SSLContext:
-        """A client context: these CAs (else the system's) and this client certificate."""
-        context = ssl.create_default_context(cafile=self.ca_file)
-        if self.cert_file:
-            context.load_cert_chain(self.cert_file, self.key_file)
-        return context
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler, longest_attempt
-from dispatcher.http.client import Endpoint, HttpClient, endpoint
+from dispatcher.http.client import Endpoint, HttpClient, endpoint, tls_context
 from dispatcher.http.server import OpsServer
 from dispatcher.http.target import HttpTarget
 from dispatcher.logs import get_logger
@@ -272,7 +272,7 @@ def _endpoints(index: int, binding: BindingSettings) -> _Endpoints:
     """A binding's URLs as the HTTP client will use them: its TLS files and token are
     loaded now (a bad one is a config error) and the proxy environment is read once."""
     try:
-        binding.tls.context()  # what curl will load, checked where the error can name the key
+        tls_context(binding.tls)  # what curl will load, checked where the error can name the key
     except (OSError, ssl.SSLError) as e:
         raise ConfigError(f"bindings[{index}].tls", f"cannot load: {e}") from e
 

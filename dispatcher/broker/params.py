@@ -19,6 +19,7 @@ its URL, which may hold a password.
 from __future__ import annotations
 
 import random
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ import pika
 import pika.exceptions
 
 from dispatcher.broker import amqp_properties
-from dispatcher.config import BrokerSettings, redact_url
+from dispatcher.config import BrokerSettings, TlsSettings, redact_url
 from dispatcher.logs import get_logger
 from dispatcher.retry import Backoff
 
@@ -84,8 +85,17 @@ def connection_parameters(
     params.stack_timeout = CONNECT_TIMEOUT * 1.5
     params.client_properties = {"connection_name": f"{broker.connection_name}-{role}"}
     if params.ssl_options is not None or url.lower().startswith("amqps://"):
-        params.ssl_options = pika.SSLOptions(broker.tls.context(), params.host)
+        params.ssl_options = pika.SSLOptions(tls_context(broker.tls), params.host)
     return params
+
+
+def tls_context(tls: TlsSettings) -> ssl.SSLContext:
+    """The context pika wraps an amqps connection in: these CAs (else the
+    system's) and this client certificate."""
+    context = ssl.create_default_context(cafile=tls.ca_file)
+    if tls.cert_file:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+    return context
 
 
 # Connects of many dispatchers after one outage must not arrive in lock-step.
