@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
-from dispatcher import events
+from dispatcher import http_form
 from dispatcher.config import DeadLetterSettings, redact_url
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
@@ -91,7 +91,7 @@ class DeadLetterer:
         return accepted
 
     async def _to_sink(self, sink: Target, letter: Event) -> bool:
-        outcome = await sink.send(events.to_http(letter, self._mode))
+        outcome = await sink.send(http_form.to_http(letter, self._mode))
         if outcome.result is Result.DELIVERED:
             return True
         log.warning(

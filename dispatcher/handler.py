@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from dispatcher import events, logs
+from dispatcher import from_amqp, http_form, logs
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim
@@ -133,7 +133,7 @@ class Handler:
         if received.unreadable is None:
             event, problem = self._read(received.message)
         else:
-            event, problem = events.wrap_unreadable(
+            event, problem = from_amqp.wrap_unreadable(
                 received.message, self._vhost, self._binding.queue, received.unreadable
             )
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
@@ -196,7 +196,7 @@ class Handler:
             )
             return self._wrapped(message), problem
         try:
-            return events.read(
+            return from_amqp.read(
                 message, self._vhost, self._binding.queue, self._binding.non_cloudevent
             )
         except Exception as e:  # a mapping bug must not loop the message forever
@@ -204,11 +204,11 @@ class Handler:
             return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"
 
     def _wrapped(self, message: AmqpMessage) -> Event:
-        return events.wrap(message, self._vhost, self._binding.queue)
+        return from_amqp.wrap(message, self._vhost, self._binding.queue)
 
     async def _deliver(self, event: Event, message: AmqpMessage) -> _Final:
-        request = events.to_http(
-            event, self._binding.content_mode, events.trace_headers(message.headers)
+        request = http_form.to_http(
+            event, self._binding.content_mode, http_form.trace_headers(message.headers)
         )
         outcome = await self._subscriber.send(request)
         last = outcome.last
@@ -230,13 +230,13 @@ class Handler:
         if not self._replier.enabled:
             return None
         headers = last.headers
-        if not events.is_http_cloudevent(headers):
+        if not http_form.is_http_cloudevent(headers):
             return None  # a plain answer, however large, is just an answer
         if last.truncated:
             limit = self._binding.max_body_size
             return _ReplyProblem(f"invalid reply: larger than max_body_size {limit}", True)
         try:
-            reply = events.from_http_response(headers, last.body)
+            reply = http_form.from_http_response(headers, last.body)
         except EventError as e:
             return _ReplyProblem(f"invalid reply: {e.reason}", True)
         if reply is None:

@@ -4,7 +4,7 @@ or ``reply.url``.
 
 from __future__ import annotations
 
-from dispatcher import events
+from dispatcher import http_form
 from dispatcher.config import ReplySettings
 from dispatcher.events import Event
 from dispatcher.seams import ConfirmingPublisher, Result, Target, status_field
@@ -31,7 +31,7 @@ class Replier:
     async def send(self, reply: Event) -> str | None:
         """Forward the reply; ``None`` when accepted (or nowhere to go), else why not."""
         if self._target is not None:
-            outcome = await self._target.send(events.to_http(reply, self._mode))
+            outcome = await self._target.send(http_form.to_http(reply, self._mode))
             if outcome.result is Result.DELIVERED:
                 return None
             last = outcome.last

@@ -60,7 +60,8 @@ from dispatcher.broker.params import (
 )
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.engine import Verdict
-from dispatcher.events import AmqpMessage, Unreadable, amqp_message
+from dispatcher.events import AmqpMessage, Unreadable
+from dispatcher.from_amqp import amqp_message
 from dispatcher.handler import Action, Received
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics

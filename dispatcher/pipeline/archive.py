@@ -57,7 +57,7 @@ from typing import Any, Final
 import pika
 import pika.exceptions
 
-from dispatcher import events, logs
+from dispatcher import from_amqp, logs
 from dispatcher.broker import amqp_properties
 from dispatcher.broker.params import connect_blocking, nodes, redacted_urls, virtual_host
 from dispatcher.config import BrokerSettings
@@ -92,13 +92,13 @@ def read_event(
     raised. ``unreadable``: pika could not decode the properties (``amqp_properties``):
     the body is wrapped as the service dead-letters such a message."""
     if unreadable is not None:
-        return with_reason(*events.wrap_unreadable(message, vhost, queue, unreadable))
+        return with_reason(*from_amqp.wrap_unreadable(message, vhost, queue, unreadable))
     try:
-        event, problem = events.read(message, vhost, queue)
+        event, problem = from_amqp.read(message, vhost, queue)
     except Exception as e:  # a mapping bug must not stop the drain or drop the message
         log.exception("internal error while reading a message")
         event, problem = (
-            events.wrap(message, vhost, queue),
+            from_amqp.wrap(message, vhost, queue),
             f"internal error: {type(e).__name__}: {e}",
         )
     return event if problem is None else with_reason(event, problem)
@@ -118,7 +118,7 @@ def to_record(
     except Exception as e:  # same: archive the raw message rather than stop
         log.exception("internal error while formatting an event")
         event = with_reason(
-            events.wrap(message, vhost, queue), f"internal error: {type(e).__name__}: {e}"
+            from_amqp.wrap(message, vhost, queue), f"internal error: {type(e).__name__}: {e}"
         )
         line = records.to_line(event, archived_at)
     return records.partition_date(event, archived_at), line
@@ -380,7 +380,7 @@ class _Run:
         )
 
     def _record(self, properties: Any, body: bytes) -> tuple[str, bytes]:
-        message = events.amqp_message(body, properties)
+        message = from_amqp.amqp_message(body, properties)
         return to_record(
             message, self.vhost, self.queue, self.now(), amqp_properties.unreadable(properties)
         )

@@ -140,7 +140,7 @@ def test_publisher_keeps_one_connection_across_channel_errors(make_subscriber, r
 def test_an_internal_error_dead_letters_instead_of_looping(
     make_subscriber, run_service, monkeypatch
 ):
-    from dispatcher import events
+    from dispatcher import http_form
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("boom")
@@ -148,7 +148,8 @@ def test_an_internal_error_dead_letters_instead_of_looping(
     sub = make_subscriber()
     sink = make_subscriber()
     svc = run_service(sub.url, dead_letter={"sink": sink.url})
-    monkeypatch.setattr(events, "trace_headers", broken)  # used only on the way to the subscriber
+    # trace_headers is used only on the way to the subscriber.
+    monkeypatch.setattr(http_form, "trace_headers", broken)
     publish(svc.queue, headers=event_headers("bug-1"))
     svc.wait_events("dead_lettered", 1)
     assert sub.requests == []
