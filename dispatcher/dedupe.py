@@ -41,8 +41,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
-from dispatcher.loop import Future, Waits
+from dispatcher.loop import Future
 from dispatcher.seams import ClaimStore, Found
+from dispatcher.waits import Waits
 
 Key = tuple[str, str]  # (source, id)
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from dispatcher import logs
 from dispatcher.handler import Action, Handler, Received
 from dispatcher.logs import get_logger
-from dispatcher.loop import Loop, Waits
+from dispatcher.loop import Loop
 from dispatcher.metrics import BindingMetrics
+from dispatcher.waits import Waits
 
 log = get_logger()
 

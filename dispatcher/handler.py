@@ -43,11 +43,11 @@ from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event, Unreadable
 from dispatcher.filters import Predicate
 from dispatcher.logs import get_logger
-from dispatcher.loop import Waits
 from dispatcher.metrics import BindingMetrics
 from dispatcher.reply import Replier
 from dispatcher.retry import Backoff
 from dispatcher.seams import Dedupe, Response, Result, Target, status_field
+from dispatcher.waits import Waits
 
 log = get_logger()
 

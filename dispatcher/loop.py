@@ -22,6 +22,10 @@ ride along). Everything else here is for the loop thread only.
 Futures carry values, never exceptions: a failed HTTP attempt or a refused
 publish is a value the awaiting code inspects. An exception escaping a
 coroutine is a bug; the loop logs it and goes on with the other deliveries.
+
+The loop knows nothing of deliveries or shutdown: the waits a delivery makes,
+and their end when the shutdown grace period runs out, are
+``dispatcher/waits.py``'s.
 """
 
 from __future__ import annotations
@@ -259,11 +263,6 @@ class Loop:
     def spawn(self, coro: Coroutine[Future[Any], Any, T]) -> Task:
         return Task(self, coro)
 
-    def sleep(self, seconds: float) -> Future[None]:
-        future: Future[None] = Future(self)
-        self.call_later(seconds, future.resolve, None)
-        return future
-
     def watch(self, fd: int, mask: int, callback: Callable[[int, int], object]) -> None:
         """Call ``callback(fd, events)`` whenever ``fd`` is ready for ``mask``."""
         known = self._watched.get(fd)
@@ -390,53 +389,3 @@ class Loop:
         except Exception:
             # A bug in one callback must not end every delivery in flight.
             log.exception("engine callback failed", callback=getattr(callback, "__qualname__", ""))
-
-
-class Waits:
-    """Every wait a delivery makes (retry pauses, duplicate claims), so that the end of
-    the shutdown grace period can end them all at once.
-
-    ``sleep`` resolves True when the time has passed and False when ``give_up``
-    cut it short; ``wait`` resolves with the awaited value, or ``None`` on
-    timeout or give-up. Loop thread only.
-    """
-
-    def __init__(self, loop: Loop) -> None:
-        self._loop = loop
-        self._pending: dict[Future[Any], object] = {}  # future -> its value on give-up
-        self.given_up = False
-        self.time: Callable[[], float] = loop.time  # the clock itself: read often
-
-    def future(self) -> Future[Any]:
-        return self._loop.create_future()
-
-    def sleep(self, seconds: float) -> Future[bool]:
-        return self._track(self._loop.create_future(), seconds, True, False)
-
-    def wait(self, awaited: Future[T], seconds: float) -> Future[T | None]:
-        future: Future[T | None] = self._loop.create_future()
-        if not self.given_up:
-            awaited.on_done(future.resolve)
-        return self._track(future, seconds, None, None)
-
-    def _track(
-        self, future: Future[Any], seconds: float, on_time: object, on_give_up: object
-    ) -> Future[Any]:
-        if self.given_up:
-            future.resolve(on_give_up)
-            return future
-        timer = self._loop.call_later(seconds, future.resolve, on_time)
-        self._pending[future] = on_give_up
-
-        def forget(_value: object) -> None:
-            timer.cancel()
-            self._pending.pop(future, None)
-
-        future.on_done(forget)
-        return future
-
-    def give_up(self) -> None:
-        """End every wait now, and make every later one end at once."""
-        self.given_up = True
-        for future, value in list(self._pending.items()):
-            future.resolve(value)

@@ -20,9 +20,9 @@ from dispatcher.bearer import BearerToken
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import Endpoint, HttpClient, Reading, request_headers
-from dispatcher.loop import Waits
 from dispatcher.retry import Backoff, Decision, classify, retried_statuses
 from dispatcher.seams import Outcome, Result
+from dispatcher.waits import Waits
 
 # What an error-response body contributes to a dead letter is at most 1024
 # base64 characters; keeping a little more than that is plenty.

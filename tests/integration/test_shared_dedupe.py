@@ -18,9 +18,10 @@ import structlog
 from prometheus_client import generate_latest
 
 from dispatcher.dedupe import Claim, MemoryDedupe, SharedDedupe
-from dispatcher.loop import Loop, Waits
+from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
 from dispatcher.redis_claims import CALL_TIMEOUT, RedisClaims
+from dispatcher.waits import Waits
 from tests.support.broker import event_headers, publish, unique
 from tests.support.node import free_port
 from tests.support.redis_server import SHARED_URL, RedisServer, binding_keys, delete_binding_keys
@@ -217,7 +218,7 @@ def test_a_store_restarted_empty_takes_claims_again(loop, replicas, server) -> N
 
 
 async def loop_sleep(loop: Loop, seconds: float) -> None:
-    await loop.sleep(seconds)
+    await Waits(loop).sleep(seconds)
 
 
 def _eventually(

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from dispatcher.dedupe import Claim, MemoryDedupe
-from dispatcher.loop import Loop, Waits
+from dispatcher.loop import Loop
+from dispatcher.waits import Waits
 
 KEY = ("/src", "id-1")
 

@@ -16,8 +16,9 @@ from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import Endpoint, HttpClient
 from dispatcher.http.target import ERROR_BODY_LIMIT, HttpTarget
-from dispatcher.loop import Loop, Waits
+from dispatcher.loop import Loop
 from dispatcher.seams import Outcome, Result
+from dispatcher.waits import Waits
 from tests.support.subscriber import Reply
 
 REQUEST = HttpRequestParts({"ce-id": "1"}, b"{}")

@@ -15,9 +15,10 @@ from dispatcher.events import AmqpMessage
 from dispatcher.handler import Action, Handler, Received
 from dispatcher.http.client import Endpoint
 from dispatcher.http.target import HttpTarget
-from dispatcher.loop import Loop, Waits
+from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
 from dispatcher.reply import Replier
+from dispatcher.waits import Waits
 
 EVENT_HEADERS = {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/s", "ce-type": "t"}
 

@@ -26,6 +26,7 @@ from dispatcher.http.client import (
     request_headers,
 )
 from dispatcher.loop import Loop
+from dispatcher.waits import Waits
 from tests.support.node import make_tls_material
 from tests.support.raw_http import RawServer, Step, drip, ok
 
@@ -327,13 +328,13 @@ def test_a_steady_stream_of_requests_keeps_one_curl_timer(serve):
     live_curl_timers: list[int] = []
 
     async def sender(start: float) -> None:
-        await loop.sleep(start)
+        await Waits(loop).sleep(start)
         for _ in range(15):
             await client.post(target, request_headers({}), b"{}", 30.0, BOUNDS)
 
     async def watch() -> None:
         for _ in range(40):
-            await loop.sleep(0.025)
+            await Waits(loop).sleep(0.025)
             live = [t for _, _, t in loop._timers if not t.cancelled]
             live_curl_timers.append(
                 sum(1 for t in live if t.callback == client._multis[0]._on_timer)

@@ -11,7 +11,8 @@ import pytest
 import structlog
 
 from dispatcher import loop as loop_module
-from dispatcher.loop import Future, Loop, Waits
+from dispatcher.loop import Future, Loop
+from dispatcher.waits import Waits
 
 T = TypeVar("T")
 
@@ -46,7 +47,7 @@ def test_a_callback_added_after_resolution_still_runs(loop):
     future.resolve(7)
     seen: list[int] = []
     future.on_done(seen.append)
-    loop.run_until_complete(awaiting(loop.sleep(0)))
+    loop.run_until_complete(awaiting(Waits(loop).sleep(0)))
     assert seen == [7]
 
 
@@ -56,7 +57,7 @@ def test_timers_run_in_time_order_and_cancelled_ones_do_not(loop):
     loop.call_later(0.01, ran.append, "first")
     loop.call_later(0.02, ran.append, "second")
     loop.call_later(0.015, ran.append, "cancelled").cancel()
-    loop.run_until_complete(awaiting(loop.sleep(0.05)))
+    loop.run_until_complete(awaiting(Waits(loop).sleep(0.05)))
     assert ran == ["first", "second", "third"]
 
 
@@ -65,10 +66,10 @@ def test_each_task_has_a_context_of_its_own(loop):
 
     async def binds() -> None:
         structlog.contextvars.bind_contextvars(stray="from-the-first")
-        await loop.sleep(0.01)
+        await Waits(loop).sleep(0.01)
 
     async def reads() -> dict[str, object]:
-        await loop.sleep(0.02)
+        await Waits(loop).sleep(0.02)
         return structlog.contextvars.get_contextvars()
 
     async def both() -> dict[str, object]:
@@ -88,7 +89,7 @@ def test_a_failing_callback_or_task_does_not_stop_the_loop(loop, capsys):
     async def main() -> str:
         loop.call_soon(broken)
         assert await loop.spawn(broken_task()).finished is None
-        await loop.sleep(0.01)
+        await Waits(loop).sleep(0.01)
         return "still running"
 
     assert loop.run_until_complete(main()) == "still running"
@@ -116,7 +117,7 @@ def test_items_from_other_threads_wake_the_loop_once_per_batch(loop, monkeypatch
     async def main() -> None:
         threading.Thread(target=producer).start()
         while len(received) < 1000:
-            await loop.sleep(0.001)
+            await Waits(loop).sleep(0.001)
 
     loop.run_until_complete(main())
     assert received == list(range(1000))  # all of them, in order
@@ -181,7 +182,7 @@ def test_iteration_end_hooks_run_during_a_long_iteration_and_at_its_end(loop):
     async def main() -> None:
         for n in range(100):
             loop.call_soon(ran.append, n)
-        await loop.sleep(0)
+        await Waits(loop).sleep(0)
 
     loop.run_until_complete(main())
     # The 100 callbacks ran in one pass: hooks after 32, 64 and 96 of them, and at the end.
@@ -219,7 +220,7 @@ def test_a_resting_socket_closed_and_its_number_reused_is_watched_again(loop):
         for _ in range(200):
             if seen:
                 return
-            await awaiting(loop.sleep(0.005))
+            await awaiting(Waits(loop).sleep(0.005))
 
     loop.run_until_complete(wait_for_it())
     assert seen == [number]
