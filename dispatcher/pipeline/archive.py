@@ -1,26 +1,28 @@
 """``dispatcher archive``: drain a queue into date-partitioned JSON-lines files.
 
+This module is the run against the broker; the files it writes (names, hidden
+temporary files, fsync, all-or-nothing batches) are
+``dispatcher/pipeline/archive_files.py``'s.
+
 Why it is built this way:
 
-- **Ack after fsync and rename.** A message is acked only once the file that
-  holds it is durable: written, flushed, fsynced, renamed into place, and its
-  folder fsynced. A crash (or a full disk) at any earlier point leaves the
-  message unacked and the broker redelivers it, so nothing acked is ever lost
-  (FIELD-NOTES invariant 1). The price is at-least-once: a crash between the
-  rename and the acks archives those messages again on the next run (their
-  CloudEvent ids are stable, and ``replay`` drops duplicate (source, id) pairs).
-- **Hidden temporary names.** A file is written as ``.part-….jsonl.tmp`` and
-  renamed to ``part-….jsonl``. Spark and ``replay`` skip hidden files and only
-  read ``*.jsonl``, so they never see a half-written file, and whatever a
-  killed archiver leaves behind is ignored.
-- **A batch is all or nothing.** If one of its files cannot be written, the
-  files of that batch already renamed are removed again and nothing is acked:
-  closing the connection gives every message of the batch back to the broker.
+- **Ack after the file is durable.** A message is acked only once
+  ``archive_files.write_batch`` has returned the file that holds it: written,
+  fsynced, renamed into place, its folder fsynced. A crash (or a full disk) at
+  any earlier point leaves the message unacked and the broker redelivers it:
+  an acked message is always in a file, the one thing an archive must never
+  get wrong. The price is at-least-once: a crash between the rename and the
+  acks archives those messages again on the next run (their CloudEvent ids
+  are stable, and ``replay`` drops duplicate (source, id) pairs).
+- **A batch is all or nothing.** If one of its files cannot be written, nothing
+  is acked: closing the connection gives every message of the batch back to
+  the broker.
 - **Bounded wait.** A batch is written when it is full, when its oldest
   message has waited ``FLUSH_INTERVAL`` (so a trickle is still archived and
   acked within about a second), and when the run stops.
-- **Individual acks.** One ``basic_ack`` per message, never ``multiple=True``
-  (invariant 3): a multiple ack settles whatever else is unacked on the channel.
+- **Individual acks.** One ``basic_ack`` per message, never ``multiple=True``:
+  a multiple ack settles whatever else is unacked on the channel, including
+  messages that are in no file yet.
 - **Prefetch = batch size** (at most the ``--max-events`` still wanted), so the
   broker never hands out more than one file's worth, and messages that were
   prefetched but not archived are simply given back (rejected with requeue when
@@ -45,11 +47,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import os
 import threading
 import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -65,6 +65,7 @@ from dispatcher.deadletter import with_reason
 from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError
 from dispatcher.events import AmqpMessage, Event, Unreadable
 from dispatcher.pipeline import records
+from dispatcher.pipeline.archive_files import os_reason, prepare_out, write_batch
 
 # A partial batch is written once its oldest message has waited this long.
 FLUSH_INTERVAL: Final = 1.0
@@ -122,104 +123,6 @@ def to_record(
         )
         line = records.to_line(event, archived_at)
     return records.partition_date(event, archived_at), line
-
-
-# --------------------------------------------------------------------- files
-
-
-def part_name(now: dt.datetime) -> str:
-    """``part-<UTC yyyymmddThhmmssZ>-<12 hex>.jsonl``: sortable by time, unique."""
-    stamp = now.astimezone(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"part-{stamp}-{uuid.uuid4().hex[:12]}.jsonl"
-
-
-def temp_name(final_name: str) -> str:
-    """The hidden name a file is written under; readers ignore it, and it is not ``*.jsonl``."""
-    return f".{final_name}.tmp"
-
-
-def prepare_out(out: Path) -> None:
-    """Create the archive folder if needed; ``BatchInputError`` if it cannot be used."""
-    try:
-        if not out.is_dir():
-            out.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(out.parent)
-    except OSError as e:
-        reason = _os_reason(e)
-        raise BatchInputError(f"--out {out}: cannot create the folder: {reason}") from e
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise BatchInputError(f"--out {out}: folder is not writable")
-
-
-def write_batch(
-    out: Path, lines_by_date: Mapping[str, Sequence[bytes]], now: dt.datetime
-) -> list[Path]:
-    """Write one file per date folder, each durable before this returns; all or nothing.
-
-    On failure nothing of the batch is left behind (neither temporary files nor
-    files already renamed) and ``BatchFailed`` says what failed.
-    """
-    name = part_name(now)
-    written: list[Path] = []
-    try:
-        for date, lines in lines_by_date.items():
-            written.append(_write_file(_date_folder(out, date), name, lines))
-    except OSError as e:
-        for path in written:
-            _remove(path)
-        raise BatchFailed(f"cannot write the archive: {_os_reason(e)}") from e
-    return written
-
-
-def _date_folder(out: Path, date: str) -> Path:
-    folder = out / f"date={date}"
-    try:
-        folder.mkdir()
-    except FileExistsError:
-        return folder  # if it is not a folder, creating the file in it fails
-    _fsync_dir(out)  # the new folder's entry must be durable too
-    return folder
-
-
-def _write_file(folder: Path, name: str, lines: Sequence[bytes]) -> Path:
-    final = folder / name
-    temp = folder / temp_name(name)
-    try:
-        with open(temp, "xb") as f:
-            f.write(b"".join(line + b"\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, final)
-    except BaseException:
-        _remove(temp)
-        raise
-    try:
-        _fsync_dir(folder)
-    except BaseException:
-        _remove(final)
-        raise
-    return final
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as e:
-        log.error("cannot remove a file of a failed batch", path=str(path), error=_os_reason(e))
-
-
-def _os_reason(error: OSError) -> str:
-    if error.strerror and error.filename:
-        return f"{error.filename}: {error.strerror}"
-    return str(error) or type(error).__name__
 
 
 # --------------------------------------------------------------------- broker
@@ -335,7 +238,7 @@ class _Run:
         try:
             candidates = nodes(self.broker, "archive")
         except OSError as e:  # TLS files that cannot be read or used
-            raise BatchInputError(f"broker.tls: {_os_reason(e)}") from e
+            raise BatchInputError(f"broker.tls: {os_reason(e)}") from e
         try:
             connection, node = connect_blocking(candidates)
         except pika.exceptions.AMQPError as e:

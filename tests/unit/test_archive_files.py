@@ -15,8 +15,8 @@ import pytest
 from dispatcher import events, from_amqp
 from dispatcher.errors import BatchFailed, BatchInputError
 from dispatcher.events import AmqpMessage
-from dispatcher.pipeline import archive, records
-from dispatcher.pipeline.archive import write_batch
+from dispatcher.pipeline import archive, archive_files, records
+from dispatcher.pipeline.archive_files import write_batch
 
 NOW = dt.datetime(2026, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
 PART = re.compile(r"^part-20260506T070809Z-[0-9a-f]{12}\.jsonl$")
@@ -40,12 +40,12 @@ def test_a_batch_is_one_file_per_date_folder_with_exactly_its_lines(tmp_path):
 
 
 def test_part_names_are_unique_and_sort_by_time():
-    names = {archive.part_name(NOW) for _ in range(1000)}
+    names = {archive_files.part_name(NOW) for _ in range(1000)}
     assert len(names) == 1000
-    later = archive.part_name(NOW + dt.timedelta(seconds=1))
+    later = archive_files.part_name(NOW + dt.timedelta(seconds=1))
     assert max(names) < later
     # Written as a hidden name that no reader matches (*.jsonl, non-hidden).
-    temp = archive.temp_name(later)
+    temp = archive_files.temp_name(later)
     assert temp.startswith(".") and not temp.endswith(".jsonl")
 
 
@@ -122,13 +122,13 @@ def test_a_batch_is_all_or_nothing_across_folders(tmp_path):
 
 def test_prepare_out_creates_missing_parents_and_refuses_a_file(tmp_path):
     out = tmp_path / "a" / "b"
-    archive.prepare_out(out)
+    archive_files.prepare_out(out)
     assert out.is_dir()
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(BatchInputError, match="cannot create the folder"):  # exit code 2
-        archive.prepare_out(blocker)
+        archive_files.prepare_out(blocker)
 
 
 # --------------------------------------------------------------------- message -> line
