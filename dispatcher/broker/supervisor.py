@@ -129,6 +129,48 @@ class Supervisor:
         """Binding name -> has a live consumer."""
         return {name: bool(b.consumer_tags) for name, b in self._bindings.items()}
 
+    # Inspection and fault injection for tests and debugging, from any thread: the
+    # values are plain fields the pika thread writes, read as they are; anything
+    # that touches pika runs on the pika thread.
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The broker nodes (``host:port``) connects go round, in order."""
+        return tuple(node.label for node in self._rotation.nodes)
+
+    def generation(self, binding: str) -> int:
+        """The generation of ``binding``'s latest channel (0 before the first): each
+        new channel has a higher one, and verdicts of an older one are stale."""
+        return self._bindings[binding].generation
+
+    def channel_ready(self, binding: str) -> bool:
+        """``binding``'s channel is open and set up (queue declared): it consumes,
+        or waits for room to."""
+        b = self._bindings[binding]
+        channel = b.channel
+        return b.ready and channel is not None and bool(channel.is_open)
+
+    def close_channel(self, binding: str) -> bool:
+        """Ask the pika thread to close ``binding``'s channel, as a broker-side channel
+        error would: counted as ``channel_closed`` and rebuilt after a backoff, with a
+        new generation. False when there is no connection to ask."""
+        return self.run_on_broker_thread(partial(self._close_channel_of, binding))
+
+    def run_on_broker_thread(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` on the pika thread, between its events (a stuck loop can be
+        simulated so). False when there is no connection, hence no loop, to run it."""
+        with self._lock:
+            connection = self._connection
+        if connection is None:
+            return False
+        self._call_soon(connection, callback)
+        return True
+
+    def _close_channel_of(self, binding: str) -> None:
+        channel = self._bindings[binding].channel
+        if channel is not None and channel.is_open:
+            _close_channel(channel)
+
     def settle(self, verdicts: list[Verdict]) -> None:
         """Called by the engine with a batch of verdicts (``LEAVE`` included: each one
         frees its delivery's slot)."""

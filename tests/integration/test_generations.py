@@ -34,14 +34,11 @@ def test_ack_for_a_dead_channel_is_dropped_not_sent_on_the_new_one(make_subscrib
     supervisor = svc.service.supervisor
     publish(svc.queue, headers=event_headers("g-1"))
     sub.wait_for(1)
-    generation = supervisor._bindings["b"].generation
+    generation = supervisor.generation("b")
     # Close the channel under the in-flight delivery, as a broker-side channel error would.
-    with supervisor._lock:
-        connection = supervisor._connection
-    channel = supervisor._bindings["b"].channel
-    supervisor._call_soon(connection, channel.close)
+    assert supervisor.close_channel("b")
     wait_until(
-        lambda: supervisor._bindings["b"].generation > generation and svc.service.ready(),
+        lambda: supervisor.generation("b") > generation and svc.service.ready(),
         message="a new channel generation with a consumer",
     )
     wait_until(
@@ -59,7 +56,7 @@ def test_ack_for_a_dead_channel_is_dropped_not_sent_on_the_new_one(make_subscrib
     assert svc.value("dispatcher_reconnects_total", reason="channel_closed") == 1
     # Had the stale ack been sent on the new channel, tag 1 would have been acked
     # twice and the broker would have closed the channel again (406).
-    assert supervisor._bindings["b"].channel.is_open
+    assert supervisor.channel_ready("b")
     assert queue_depth(svc.queue) == 0
     assert unacked(svc.queue) == 0
 
@@ -70,7 +67,7 @@ def test_each_delivery_is_settled_once_and_never_with_multiple(make_subscriber, 
     draw 406 'unknown delivery tag', closing the channel."""
     sub = make_subscriber(lambda _r, i: Reply(200, delay=0.3 if i % 2 == 0 else 0.02))
     svc = run_service(sub.url, parallelism=4)
-    first_generation = svc.service.supervisor._bindings["b"].generation
+    first_generation = svc.service.supervisor.generation("b")
     ids = [f"m-{i:02d}" for i in range(16)]
     publish_events(svc.queue, ids)
     svc.wait_events("delivered", 16)
@@ -78,7 +75,7 @@ def test_each_delivery_is_settled_once_and_never_with_multiple(make_subscriber, 
     assert unacked(svc.queue) == 0
     assert sorted(sub.ids()) == ids
     assert svc.value("dispatcher_reconnects_total", reason="channel_closed") == 0
-    assert svc.service.supervisor._bindings["b"].generation == first_generation
+    assert svc.service.supervisor.generation("b") == first_generation
 
 
 def test_requeues_are_single_settlements_too(make_subscriber, run_service):
@@ -96,7 +93,7 @@ def test_requeues_are_single_settlements_too(make_subscriber, run_service):
 
     sub = make_subscriber(behaviour)
     svc = run_service(sub.url, parallelism=4, delivery={"retry": 0, "backoff_delay": "10ms"})
-    first_generation = svc.service.supervisor._bindings["b"].generation
+    first_generation = svc.service.supervisor.generation("b")
     ids = [f"n-{i:02d}" for i in range(16)]
     publish_events(svc.queue, ids)
     svc.wait_events("delivered", 16, timeout=20)
@@ -105,24 +102,20 @@ def test_requeues_are_single_settlements_too(make_subscriber, run_service):
     assert svc.events("requeued") == 8
     assert sorted(set(sub.ids())) == ids and len(sub.ids()) == 24
     assert svc.value("dispatcher_reconnects_total", reason="channel_closed") == 0
-    assert svc.service.supervisor._bindings["b"].generation == first_generation
+    assert svc.service.supervisor.generation("b") == first_generation
 
 
 def close_channel(svc) -> int:
     """Close binding b's channel on the pika thread, as a broker-side channel error
     would; wait for the new channel. Returns the new generation."""
     supervisor = svc.service.supervisor
-    generation = supervisor._bindings["b"].generation
-    with supervisor._lock:
-        connection = supervisor._connection
-    supervisor._call_soon(connection, supervisor._bindings["b"].channel.close)
+    generation = supervisor.generation("b")
+    assert supervisor.close_channel("b")
     wait_until(
-        lambda: (
-            supervisor._bindings["b"].generation > generation and supervisor._bindings["b"].ready
-        ),
+        lambda: supervisor.generation("b") > generation and supervisor.channel_ready("b"),
         message="a new channel",
     )
-    return int(supervisor._bindings["b"].generation)
+    return supervisor.generation("b")
 
 
 def held_until(release: threading.Event, held: set[str]):

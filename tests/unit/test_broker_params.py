@@ -200,11 +200,7 @@ def test_the_consumer_and_the_publisher_go_round_every_node():
     from dispatcher.metrics import Metrics
 
     supervisor = Supervisor(CLUSTER, Metrics())
-    assert [n.label for n in supervisor._rotation.nodes] == [
-        "rabbit-0:5672",
-        "rabbit-1:5671",
-        "[fd00::2]:5673",
-    ]
+    assert supervisor.nodes == ("rabbit-0:5672", "rabbit-1:5671", "[fd00::2]:5673")
     loop = Loop()
     try:
         publisher = Publisher(CLUSTER, loop)
