@@ -96,7 +96,7 @@ bench-pipeline: $(VENV)/.installed
 # service's own rules (tests/unit/test_config_schema.py fails when it is stale).
 .PHONY: schema
 schema: $(VENV)/.installed
-	$(PY) -m dispatcher.config_schema
+	$(PY) -m dispatcher.config.schema
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dispatcher tests cmd

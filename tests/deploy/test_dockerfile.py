@@ -103,7 +103,7 @@ def test_the_wheel_the_image_installs_holds_the_package(tmp_path):
         "handler",
         "events",
         "http/server",
-        "knative",
+        "config/knative",
     ):
         assert f"dispatcher/{module}.py" in names
     assert "dispatcher/py.typed" in names

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher import knative
-from dispatcher.config import parse_duration
+from dispatcher.config import knative, parse_duration
 from tests.deploy.manifests import (
     CHART,
     DUMMY_BROKER_URL,

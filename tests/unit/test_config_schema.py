@@ -10,7 +10,7 @@ import jsonschema
 import yaml
 from hypothesis import HealthCheck, assume, given
 
-from dispatcher import config_schema
+from dispatcher.config import schema as config_schema
 from dispatcher.config import settings_from_dict
 from dispatcher.errors import ConfigError
 from tests.support.fuzz import fuzz_settings

@@ -37,8 +37,7 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from dispatcher import config as config_module
-from dispatcher import knative
-from dispatcher.config import Settings, load_settings, render_effective_config
+from dispatcher.config import Settings, knative, load_settings, render_effective_config
 from dispatcher.errors import ConfigError
 from tests.support.fuzz import fuzz_settings
 

@@ -39,10 +39,10 @@ no OIDC for this broker class. Its other variables (``K_LOGGING_CONFIG``,
 ``NAMESPACE``, ``CONTAINER_NAME``, ``POD_NAME``, ``REQUEUE``) are ignored.
 
 ``RABBITMQ_URL`` (ours) may name a cluster's nodes, comma-separated, as
-everywhere (``config``); ``RABBITMQ_VHOST`` then applies to each of them.
+everywhere (``urls.split_nodes``); ``RABBITMQ_VHOST`` then applies to each of them.
 
 Durations (BACKOFF_DELAY, TIMEOUT) are Go durations as Knative writes them
-(``50ms``, ``1m30s``, ``500µs``), which ``config.parse_duration`` reads.
+(``50ms``, ``1m30s``, ``500µs``), which ``durations.parse_duration`` reads.
 
 The queue already exists (the Knative controller declares it, with its own
 arguments), so drop-in mode never declares it. A bad value is a
@@ -62,7 +62,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from dispatcher.config import parse_duration, split_nodes
+from dispatcher.config.durations import parse_duration
+from dispatcher.config.urls import split_nodes
 from dispatcher.errors import ConfigError
 from dispatcher.retry import Backoff
 
@@ -92,7 +93,7 @@ def wanted(environ: Mapping[str, str], config_file_exists: bool) -> bool:
 
 
 def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The raw settings dict (validated later by ``config.settings_from_dict``)."""
+    """The raw settings dict (validated later by ``sources.settings_from_dict``)."""
     queue = environ["QUEUE_NAME"]
     delivery: dict[str, Any] = {
         "retry": _integer(environ.get("RETRY") or "0"),

@@ -2,13 +2,13 @@
 
 ``values.schema.json`` used to be written by hand and drifted (it accepted
 ``backoff_delay: 0``, which the service refuses). Now its ``properties.config``
-is derived from ``dispatcher.config.rule_table()``, the rules the loader
+is derived from ``rules.rule_table()``, the rules the loader
 validates with, plus the few places where the chart deliberately differs from
 the service (``CHART_DIFFERENCES``); the rest of the file (image, probes, ...)
 is the chart's own and is kept as it is.
 
-    python -m dispatcher.config_schema           # rewrite the chart's schema
-    python -m dispatcher.config_schema --check   # exit 1 when it is out of date
+    python -m dispatcher.config.schema           # rewrite the chart's schema
+    python -m dispatcher.config.schema --check   # exit 1 when it is out of date
 
 ``make schema`` runs the first; a unit test runs the second's logic.
 """
@@ -24,10 +24,12 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Final
 
-from dispatcher.config import JsonSchema, ListRule, SectionRule, Settings, rule_table
+from dispatcher.config.rules import rule_table
+from dispatcher.config.settings import Settings
+from dispatcher.config.validation import JsonSchema, ListRule, SectionRule
 
 CHART_SCHEMA: Final = Path("deploy/helm/dispatcher/values.schema.json")
-REGENERATE: Final = "python -m dispatcher.config_schema (or: make schema)"
+REGENERATE: Final = "python -m dispatcher.config.schema (or: make schema)"
 
 _TLS_DOC: Final = "Paths of PEM files inside the container (mount them with extraVolumes)"
 
@@ -155,7 +157,7 @@ def render(schema: JsonSchema) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dispatcher.config_schema",
+        prog="python -m dispatcher.config.schema",
         description="Regenerate the config part of the Helm chart's values.schema.json.",
     )
     parser.add_argument("--chart-schema", type=Path, default=CHART_SCHEMA)

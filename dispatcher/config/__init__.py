@@ -1,0 +1,104 @@
+"""Configuration: YAML + environment -> one frozen ``Settings`` tree, validated up front.
+
+Every error is a ``ConfigError`` naming the full key path
+(``bindings[0].delivery.retry``) or, for a value that came from the
+environment, the variable (``LOG_FORMAT``). Passwords never leave the
+package: every URL in an error message or in ``dispatcher check``'s output is
+redacted. Nothing here connects, or imports pika, libcurl or ssl: the broker
+and HTTP sides build their connections from the settings.
+
+The modules, from the data up:
+
+``settings``
+    The settings tree: frozen dataclasses, nothing but data.
+``redaction``
+    ``redact_url``, and ``show``: how a value appears in a message.
+``values``, ``durations``, ``urls``
+    Parsers for one value each, ``(value, key) -> typed value`` or a
+    ``ConfigError`` naming ``key``: scalars, names, headers and filters;
+    durations; broker, store and HTTP URLs.
+``validation``
+    How a section is read (``Section``) and the kinds of rule a key can have:
+    each is a parser and the JSON Schema that says the same.
+``rules``
+    The rule of every key and the checks between keys of one section;
+    ``build`` reads a section with them.
+``sources``
+    Where a configuration comes from: the YAML file, the environment's
+    overrides, or (``knative``) the Knative dispatcher's variables.
+``render``
+    The effective configuration, as ``dispatcher check`` prints it.
+``schema``
+    The Helm chart's JSON Schema, generated from ``rules``
+    (``python -m dispatcher.config.schema``).
+
+The names below are the package's interface; the rest is for its modules.
+"""
+
+from dispatcher.config.durations import parse_duration
+from dispatcher.config.redaction import redact_url
+from dispatcher.config.render import effective_config, render_effective_config
+from dispatcher.config.settings import (
+    AttributesFilter,
+    AuthSettings,
+    BatchSettings,
+    BindingSettings,
+    BrokerSettings,
+    DeadLetterSettings,
+    DeclareSettings,
+    DedupeSettings,
+    DeliverySettings,
+    FilterEntry,
+    HttpSettings,
+    LoggingSettings,
+    MatchDialect,
+    MatchFilter,
+    NestingDialect,
+    NestingFilter,
+    ReconnectSettings,
+    ReplySettings,
+    Settings,
+    ShutdownSettings,
+    TlsSettings,
+)
+from dispatcher.config.sources import (
+    DEFAULT_CONFIG_PATH,
+    load_batch_settings,
+    load_settings,
+    settings_from_dict,
+)
+from dispatcher.config.urls import http_url_problem, split_nodes
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "AttributesFilter",
+    "AuthSettings",
+    "BatchSettings",
+    "BindingSettings",
+    "BrokerSettings",
+    "DeadLetterSettings",
+    "DeclareSettings",
+    "DedupeSettings",
+    "DeliverySettings",
+    "FilterEntry",
+    "HttpSettings",
+    "LoggingSettings",
+    "MatchDialect",
+    "MatchFilter",
+    "NestingDialect",
+    "NestingFilter",
+    "ReconnectSettings",
+    "ReplySettings",
+    "Settings",
+    "ShutdownSettings",
+    "TlsSettings",
+    "effective_config",
+    "http_url_problem",
+    "load_batch_settings",
+    "load_settings",
+    "parse_duration",
+    "redact_url",
+    "render_effective_config",
+    "settings_from_dict",
+    "split_nodes",
+]

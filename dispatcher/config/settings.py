@@ -1,0 +1,237 @@
+"""The settings tree: what a loaded configuration is, as frozen dataclasses.
+
+``Settings`` is the service's whole configuration; ``BatchSettings`` is the part
+the batch commands read. Field names are the configuration's key names, and a
+field's default is the value a missing key (or ``null``) means. Nothing here
+reads, checks or builds anything: ``rules`` says what each key accepts,
+``sources`` fills the tree, and the code that connects (``dispatcher.broker``,
+``dispatcher.http``) turns it into sockets and TLS contexts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from dispatcher.retry import DEFAULT_RETRY_ON
+
+# Field metadata telling ``render.effective_config`` how to write a value back in
+# the form a user would write in the file.
+_DURATION: Final = {"render": "duration"}
+_URL: Final = {"render": "url"}
+_SIZE: Final = {"render": "size"}
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """PEM files: the CAs to trust (else the system's) and a client certificate."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconnectSettings:
+    initial_delay: float = field(default=0.2, metadata=_DURATION)
+    max_delay: float = field(default=30.0, metadata=_DURATION)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    # One URL, or the nodes of one cluster (a list in the file, comma-separated
+    # in RABBITMQ_URL): see ``urls``.
+    url: str | tuple[str, ...] = field(
+        default="amqp://guest:guest@localhost:5672/%2F", metadata=_URL
+    )
+    heartbeat: float = field(default=20.0, metadata=_DURATION)
+    connection_name: str = "dispatcher"
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    reconnect: ReconnectSettings = field(default_factory=ReconnectSettings)
+    blocked_timeout: float = field(default=60.0, metadata=_DURATION)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every node's URL, in the order given."""
+        return (self.url,) if isinstance(self.url, str) else self.url
+
+
+@dataclass(frozen=True, slots=True)
+class DedupeSettings:
+    # redis:// or rediss://: claims shared by every replica (``dedupe_store``);
+    # None keeps duplicate suppression in this process's memory.
+    store: str | None = field(default=None, metadata=_URL)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    listen: str = "0.0.0.0:9090"
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); empty host = all IPv4 interfaces; IPv6 in brackets.
+
+    Raises ``ValueError`` saying what is wrong (``values.listen`` makes it a
+    ``ConfigError`` naming the key).
+    """
+    if listen.startswith("["):
+        host, bracket, rest = listen[1:].partition("]")
+        if not bracket or not host or not rest.startswith(":"):
+            raise ValueError("must be host:port, IPv6 hosts in brackets ([::1]:9090)")
+        port_text = rest[1:]
+    else:
+        host, colon, port_text = listen.rpartition(":")
+        if not colon:
+            raise ValueError("must be host:port (e.g. 0.0.0.0:9090)")
+        if ":" in host:
+            raise ValueError("IPv6 hosts must be in brackets ([::]:9090)")
+        host = host or "0.0.0.0"
+    # Port 0 asks the OS for a free port (tests, several instances on one host).
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
+        raise ValueError("port must be 0..65535")
+    return host, int(port_text)
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownSettings:
+    grace: float = field(default=25.0, metadata=_DURATION)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    level: str = "info"
+    format: str = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareSettings:
+    durable: bool = True
+    type: str = "classic"
+    dead_letter_exchange: str | None = None
+    delivery_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverySettings:
+    retry: int = 5
+    backoff_policy: str = "exponential"
+    backoff_delay: float = field(default=0.2, metadata=_DURATION)
+    backoff_max: float = field(default=30.0, metadata=_DURATION)
+    timeout: float = field(default=10.0, metadata=_DURATION)
+    # Statuses (404) and classes ("4xx", "5xx") that are retried; see retry.py.
+    retry_on: tuple[int | str, ...] = DEFAULT_RETRY_ON
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterSettings:
+    sink: str | None = field(default=None, metadata=_URL)
+    exchange: str | None = None
+    routing_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplySettings:
+    # ``exchange: ""`` is the AMQP default exchange (routing key = queue name),
+    # which is a real target, so only ``None`` means "no exchange".
+    exchange: str | None = None
+    routing_key: str = ""
+    url: str | None = field(default=None, metadata=_URL)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    # ``Authorization: Bearer <token>`` on every request of the binding, the
+    # token kept current from this file (``dispatcher.bearer``).
+    bearer_token_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttributesFilter:
+    """``filter``: Knative's Trigger filter. Every listed attribute equals its value;
+    ``""`` means the attribute is present (and not empty). None listed: no filter."""
+
+    attributes: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "mapping"})
+
+
+MatchDialect = Literal["exact", "prefix", "suffix"]
+NestingDialect = Literal["all", "any", "not"]
+
+
+@dataclass(frozen=True, slots=True)
+class MatchFilter:
+    """One ``filters`` entry comparing attributes: every one listed must match."""
+
+    dialect: MatchDialect
+    attributes: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NestingFilter:
+    """One ``filters`` entry combining others (``not`` holds exactly one)."""
+
+    dialect: NestingDialect
+    filters: tuple[FilterEntry, ...]
+
+
+FilterEntry = MatchFilter | NestingFilter
+
+
+@dataclass(frozen=True, slots=True)
+class BindingSettings:
+    name: str
+    queue: str
+    subscriber: str = field(metadata=_URL)
+    declare: DeclareSettings | None = None
+    content_mode: str = "binary"
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    parallelism: int = 10
+    # ``ordered: true`` forces prefetch 1 whatever ``parallelism`` says: with
+    # more than one message in flight a retry would overtake its successors.
+    ordered: bool = False
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    # Extra request headers, (name, value) in the file's order: every request of
+    # the binding (subscriber, dead-letter sink, reply URL) carries them.
+    headers: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "headers"})
+    # Events that do not pass are acked unsent (``dispatcher.filters``); when
+    # both are set, ``filters`` wins, as in Knative.
+    filter: AttributesFilter | None = None
+    filters: tuple[FilterEntry, ...] = field(default=(), metadata={"render": "filters"})
+    dedupe_window: float = field(default=600.0, metadata=_DURATION)
+    dead_letter: DeadLetterSettings = field(default_factory=DeadLetterSettings)
+    reply: ReplySettings = field(default_factory=ReplySettings)
+    non_cloudevent: str = "wrap"
+    # Bodies above this are dead-lettered, not buffered.
+    max_body_size: int = field(default=8 * 1024 * 1024, metadata=_SIZE)
+
+    @property
+    def workers(self) -> int:
+        """Deliveries in flight at once: the prefetch and the worker-pool size, which
+        must be equal (memory is bounded because the broker never sends more)."""
+        return 1 if self.ordered else self.parallelism
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    dedupe: DedupeSettings = field(default_factory=DedupeSettings)
+    bindings: tuple[BindingSettings, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """What ``archive``, ``report`` and ``replay`` read of the service's configuration."""
+
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
