@@ -3,10 +3,12 @@
 Publishing never shares the consuming connection: a broker memory or disk
 alarm blocks connections that publish, and a blocked consuming connection
 would stop acks from being read. Nor does it open a connection or channel per
-message (FIELD-NOTES failure 4). One thread owns one ``SelectConnection``
-with one confirm channel, connected at start and rebuilt with backoff
-whenever it breaks. With a cluster's nodes in ``broker.url`` it goes round
-them as the consumer does (``broker_params.Rotation``): a lost connection
+message: brokers fall over under that churn. One thread serves one
+``confirm_link.ConfirmLink`` (the connection, confirm channel, window and
+returns that ``replay`` publishes on too), connected at start and rebuilt
+with backoff whenever it breaks; a channel the broker closes is reopened on
+the same connection. With a cluster's nodes in ``broker.url`` it goes round
+them as the consumer does (``params.Rotation``): a lost connection
 leads straight to the next node, the backoff comes after a whole round
 failed, and logs name the node (``host:port``).
 
@@ -36,39 +38,25 @@ Messages are ``mandatory``: an event routed nowhere was accepted by no one.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Final
 
 import pika
-import pika.exceptions
-from pika.adapters.select_connection import SelectConnection
-from pika.spec import Basic
 
 from dispatcher import events
-from dispatcher.broker.confirm_window import ConfirmWindow
-from dispatcher.broker.params import (
-    Node,
-    Rotation,
-    describe_error,
-    nodes,
-    reconnect_backoff,
-    release,
-)
+from dispatcher.broker.confirm_link import ConfirmLink
+from dispatcher.broker.params import Rotation, nodes, reconnect_backoff
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future, Loop, Timer
-from dispatcher.retry import Backoff
 
 log = get_logger()
 
-_REOPEN_CHANNEL: Final = Backoff("exponential", 0.05, 5.0)
 _CLOSE_BOUND: Final = 3.0
 _PROBE_INTERVAL: Final = 5.0
 _PROBE_ROUTING_KEY: Final = "dispatcher.blocked-probe.not-a-queue"
@@ -103,19 +91,28 @@ class Publisher:
         self._loop = loop
         self._on_blocked = on_blocked or (lambda _blocked: None)
         self._clock = clock
-        self._lock = threading.Lock()  # guards the queue, ``_woken`` and ``_connection``
+        self._lock = threading.Lock()  # guards the queue and ``_woken``
         self._queue: deque[_Request] = deque()
         self._woken = False
-        self._connection: Any = None
-        self._channel: Any = None  # the publisher thread's own
-        self._window: ConfirmWindow[_Request] = ConfirmWindow()
-        self._channel_failures = 0
         self._blocked = False  # the publisher thread's: a resource alarm blocks us
         self._heard_blocked = False  # this connection got Connection.Blocked, no Unblocked
-        self._used_at: float | None = None  # when this connection's confirm channel got ready
         self._stopping = threading.Event()
+        self._link: ConfirmLink[_Request] = ConfirmLink(
+            on_ready=self._on_ready,
+            on_settled=self._on_settled,
+            on_lost=self._on_lost,
+            returned=_returned,
+            reopen_channel=True,
+            on_open=self._on_open,
+            stopping=self._stopping,
+            role="publisher",
+        )
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
-        self.connections_opened = 0  # long-lived: stays 1 while the broker stays up
+
+    @property
+    def connections_opened(self) -> int:
+        """Long-lived: stays 1 while the broker stays up."""
+        return self._link.opened
 
     # ----------------------------------------------------------------- the engine loop
 
@@ -166,11 +163,7 @@ class Publisher:
 
     def close(self, timeout: float = _CLOSE_BOUND) -> None:
         self._stopping.set()
-        with self._lock:
-            connection = self._connection
-        if connection is not None:
-            with contextlib.suppress(Exception):  # its loop is already gone
-                connection.ioloop.add_callback_threadsafe(partial(_close, connection))
+        self._link.close_threadsafe()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -186,17 +179,15 @@ class Publisher:
             if self._woken:
                 return
             self._woken = True
-            connection = self._connection
-        if connection is not None:
-            with contextlib.suppress(Exception):  # closing: the next channel flushes it
-                connection.ioloop.add_callback_threadsafe(self._flush)
+        # No connection: the next channel's ready callback flushes the queue.
+        self._link.call_threadsafe(self._flush)
 
     # ----------------------------------------------------------------- the publisher thread
 
     def _run(self) -> None:
         while not self._stopping.is_set():
             node = self._rotation.next()
-            opened, served = self._serve_one_connection(node)
+            opened, served = self._link.serve(node)
             if self._stopping.is_set():
                 break
             # 0 while other nodes of the round are left to try.
@@ -204,44 +195,10 @@ class Publisher:
             log.warning("publisher disconnected", node=node.label, retry_in_s=round(delay, 3))
             self._stopping.wait(delay)
 
-    def _serve_one_connection(self, node: Node) -> tuple[bool, float | None]:
-        """One connection to ``node``, until it ends: (it opened, seconds since its
-        channel got ready, None if it never did)."""
-        opened = threading.Event()
-        self._used_at = None
-        connection = SelectConnection(
-            node.parameters,
-            on_open_callback=lambda c: self._on_open(c, node, opened),
-            on_open_error_callback=lambda c, error: self._on_open_error(c, node, error),
-            on_close_callback=lambda c, reason: self._on_close(c, node, reason),
-        )
-        with self._lock:
-            self._connection = connection
-        try:
-            connection.ioloop.start()
-        except Exception:  # pika raises from inside its loop on socket errors
-            log.exception("publisher connection failed")
-        finally:
-            with self._lock:
-                self._connection = None
-            self._channel = None
-            # Still blocked, as far as anyone knows: the next confirm will tell.
-            self._lost("broker connection lost before the confirm")
-            release(connection)
-        served = None if self._used_at is None else time.monotonic() - self._used_at
-        return opened.is_set(), served
-
-    def _on_open(self, connection: Any, node: Node, opened: threading.Event) -> None:
-        opened.set()
-        self.connections_opened += 1
-        log.info("publisher connected", node=node.label)
+    def _on_open(self, connection: Any) -> None:
         self._heard_blocked = False
         connection.add_on_connection_blocked_callback(lambda *_: self._heard(blocked=True))
         connection.add_on_connection_unblocked_callback(lambda *_: self._heard(blocked=False))
-        if self._stopping.is_set():
-            _close(connection)
-            return
-        self._open_channel(connection)
 
     def _heard(self, blocked: bool) -> None:
         self._heard_blocked = blocked
@@ -257,9 +214,13 @@ class Publisher:
         else:
             log.info("broker unblocked the publishing connection")
 
+    def _on_ready(self) -> None:
+        self._flush()
+        self._probe(self._link.channel)
+
     def _probe(self, channel: Any) -> None:
         """While blocked, an empty publish every few seconds: its confirm ends the block."""
-        if not self._blocked or channel is not self._channel or not channel.is_open:
+        if not self._blocked or channel is not self._link.channel or not channel.is_open:
             return
         probe = _Request(
             "",
@@ -271,58 +232,14 @@ class Publisher:
             future=None,
             mandatory=False,
         )
-        self._publish_one(channel, probe)
-        channel.connection.ioloop.call_later(_PROBE_INTERVAL, partial(self._probe, channel))
-
-    def _on_open_error(self, connection: Any, node: Node, error: BaseException | str) -> None:
-        log.warning("publisher connect failed", node=node.label, error=describe_error(error))
-        connection.ioloop.stop()
-
-    def _on_close(self, connection: Any, node: Node, reason: BaseException) -> None:
-        if not self._stopping.is_set():
-            log.info(
-                "publisher connection closed",
-                node=node.label,
-                detail=f"{type(reason).__name__}: {reason}",
-            )
-        connection.ioloop.stop()
-
-    def _open_channel(self, connection: Any) -> None:
-        if connection.is_open and not self._stopping.is_set():
-            connection.channel(on_open_callback=self._on_channel_open)
-
-    def _on_channel_open(self, channel: Any) -> None:
-        channel.add_on_close_callback(self._on_channel_closed)
-        channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(
-            ack_nack_callback=self._on_confirm, callback=lambda _frame: self._on_ready(channel)
-        )
-
-    def _on_ready(self, channel: Any) -> None:
-        if self._used_at is None:
-            self._used_at = time.monotonic()
-        self._channel = channel
-        self._flush()
-        self._probe(channel)
-
-    def _on_channel_closed(self, _channel: Any, reason: Any) -> None:
-        # e.g. 404: a publish named an exchange that does not exist. The
-        # connection is fine; what this channel had in flight is not confirmed.
-        self._channel = None
-        self._lost(f"channel closed by the broker: {reason}")
-        with self._lock:
-            connection = self._connection
-        if connection is None or not connection.is_open or self._stopping.is_set():
-            return
-        delay = _REOPEN_CHANNEL.wait(self._channel_failures)
-        self._channel_failures += 1
-        connection.ioloop.call_later(delay, partial(self._open_channel, connection))
+        self._publish_one(probe)
+        self._link.call_later(_PROBE_INTERVAL, lambda: self._probe(channel))
 
     def _flush(self) -> None:
-        channel = self._channel
+        ready = self._link.ready
         with self._lock:
             self._woken = False
-            if channel is None or not channel.is_open:
+            if not ready:
                 return  # the channel's ready callback flushes the queue
             requests, self._queue = self._queue, deque()
         now = self._clock()
@@ -330,50 +247,34 @@ class Publisher:
         for request in requests:
             if request.expires <= now:
                 continue  # its delivery stopped waiting: never publish it late
-            error = self._publish_one(channel, request)
+            error = self._publish_one(request)
             if error is not None:
                 answers.append((request, error))
         self._send_answers(answers)
 
-    def _publish_one(self, channel: Any, request: _Request) -> str | None:
-        tag = self._window.sent(request.key, request)
+    def _publish_one(self, request: _Request) -> str | None:
         try:
-            channel.basic_publish(
+            error = self._link.publish(
+                request,
+                request.key,
                 request.exchange,
                 request.routing_key,
                 request.body,
                 request.properties,
                 mandatory=request.mandatory,
             )
-        except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as e:
-            # This message cannot be encoded (a header name or routing key too
-            # long for AMQP): it fails alone; the channel is unharmed.
-            self._window.unsend(tag)
-            return f"cannot be published: {type(e).__name__}: {e}"[:300]
         except Exception as e:  # the channel or connection broke under us
-            self._window.unsend(tag)
             return f"broker connection failed: {type(e).__name__}"
-        return None
+        return None if error is None else error[:300]
 
-    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
-        headers = properties.headers or {}
-        key = (method.exchange, method.routing_key, headers.get("ce-source"), headers.get("ce-id"))
-        self._window.returned(
-            key,
-            f"unroutable: exchange {method.exchange!r} routed it to no queue "
-            f"({method.reply_code} {method.reply_text})",
-        )
-
-    def _on_confirm(self, frame: Any) -> None:
-        method = frame.method
-        self._channel_failures = 0
-        acked = isinstance(method, Basic.Ack)
+    def _on_settled(self, settled: Answers, acked: bool) -> None:
         if acked and not self._heard_blocked:
             self._set_blocked(False)  # read and confirmed with no alarm said: not blocked
-        self._send_answers(self._window.confirmed(method.delivery_tag, method.multiple, acked))
+        self._send_answers(settled)
 
-    def _lost(self, reason: str) -> None:
-        self._send_answers([(request, reason) for request in self._window.lost()])
+    def _on_lost(self, requests: list[_Request], reason: str) -> None:
+        # Still blocked, as far as anyone knows: the next confirm will tell.
+        self._send_answers([(request, reason) for request in requests])
 
     def _send_answers(self, answers: Answers) -> None:
         answers = [answer for answer in answers if answer[0].future is not None]
@@ -381,8 +282,10 @@ class Publisher:
             self._loop.call_soon_threadsafe(self._answer, answers)
 
 
-def _close(connection: Any) -> None:
-    try:
-        connection.close()
-    except pika.exceptions.ConnectionWrongStateError:
-        connection.ioloop.stop()  # still opening or already closing: just leave
+def _returned(method: Any, properties: Any) -> tuple[tuple[str, str, object, object], str]:
+    headers = properties.headers or {}
+    key = (method.exchange, method.routing_key, headers.get("ce-source"), headers.get("ce-id"))
+    return key, (
+        f"unroutable: exchange {method.exchange!r} routed it to no queue "
+        f"({method.reply_code} {method.reply_text})"
+    )

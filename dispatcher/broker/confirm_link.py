@@ -1,0 +1,267 @@
+"""One connection at a time with one confirm channel: what every publisher of ours runs on.
+
+The service's publisher (dead letters, replies) and ``replay``'s partitions
+publish the same way, and this is that way written once. ``serve(node)`` runs
+one pika ``SelectConnection`` in the calling thread until it ends: it opens
+one confirm channel, and once the broker confirms that channel it calls
+``on_ready``; the owner then ``publish``-es on it, as many messages in flight
+as it likes. Every message is tracked in a ``ConfirmWindow``: a ``basic.ack``
+or ``basic.nack`` (``multiple`` or not) settles what it covers and a
+``basic.return`` marks its message unroutable, matched by the key the owner
+gave its publish (``returned`` reads the same key, and the reason, from the
+returned message). The owner hears ``on_settled`` (each item with ``None``,
+accepted, or why not).
+
+Whatever was unconfirmed when the channel or the connection goes is handed
+back, in publish order, through ``on_lost``: the service fails it, ``replay``
+sends it again on the next connection. A channel the broker closes (e.g. 404,
+the exchange does not exist) is reopened on the same connection with backoff
+(``reopen_channel=True``, the service), or ends the connection
+(``reopen_channel=False``, ``replay``, whose exchange was checked at the start).
+
+Which node to serve next, and how long to wait, is the owner's loop with
+``params.Rotation``; ``serve`` says whether the connection opened and how long
+its channel was in use. Every connection's socket, poller and wake-up pipe are
+freed when it ends (``params.release``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Hashable
+from functools import partial
+from typing import Any, Final, Generic, TypeVar
+
+import pika
+import pika.exceptions
+from pika.adapters.select_connection import SelectConnection
+from pika.spec import Basic
+
+from dispatcher.broker.confirm_window import ConfirmWindow
+from dispatcher.broker.params import Node, describe_error, release
+from dispatcher.logs import get_logger
+from dispatcher.retry import Backoff
+
+log = get_logger()
+
+T = TypeVar("T")
+
+_REOPEN_CHANNEL: Final = Backoff("exponential", 0.05, 5.0)
+LOST: Final = "broker connection lost before the confirm"
+
+
+class ConfirmLink(Generic[T]):
+    """Callbacks run on the thread that called ``serve``, inside pika's loop."""
+
+    def __init__(
+        self,
+        *,
+        on_ready: Callable[[], None],
+        on_settled: Callable[[list[tuple[T, str | None]], bool], None],
+        on_lost: Callable[[list[T], str], None],
+        returned: Callable[[Any, Any], tuple[Hashable, str]],
+        reopen_channel: bool,
+        on_open: Callable[[Any], None] | None = None,
+        stopping: threading.Event | None = None,
+        role: str | None = None,
+    ) -> None:
+        self._on_ready = on_ready
+        self._on_settled = on_settled
+        self._on_lost = on_lost
+        # A basic.return's method and properties -> its publish's key, and the reason.
+        self._returned = returned
+        self._reopen_channel = reopen_channel
+        self._on_open = on_open  # the connection opened: e.g. to hear Connection.Blocked
+        self._stopping = stopping or threading.Event()
+        self._role = role  # logs connection events as "<role> connected" etc.; None: silent
+        self._lock = threading.Lock()  # guards ``_connection``, read from other threads
+        self._connection: Any = None
+        self.channel: Any = None  # the confirm channel, once confirming
+        self.window: ConfirmWindow[T] = ConfirmWindow()
+        self.opened = 0  # connections that opened, over the link's life
+        self.last_error = "no connection attempted"
+        self._opened_now = False
+        self._used_at: float | None = None  # when this connection's channel got ready
+        self._channel_failures = 0
+
+    @property
+    def ready(self) -> bool:
+        channel = self.channel
+        return channel is not None and bool(channel.is_open)
+
+    # ----------------------------------------------------------------- the serving thread
+
+    def serve(self, node: Node) -> tuple[bool, float | None]:
+        """One connection to ``node``, until it ends: (it opened, seconds since its
+        channel got ready, None if it never did)."""
+        self._opened_now = False
+        self._used_at = None
+        connection = None
+        try:
+            connection = SelectConnection(
+                node.parameters,
+                on_open_callback=partial(self._on_connection_open, node=node),
+                on_open_error_callback=partial(self._on_open_error, node=node),
+                on_close_callback=partial(self._on_connection_closed, node=node),
+            )
+            with self._lock:
+                self._connection = connection
+            connection.ioloop.start()
+        except Exception as e:  # pika raises from inside its loop on socket errors
+            self.last_error = f"{type(e).__name__}: {e}"
+            if self._role is not None:
+                log.exception(f"{self._role} connection failed")
+        finally:
+            with self._lock:
+                self._connection = None
+            self.channel = None
+            self._lose(LOST)
+            if connection is not None:
+                release(connection)  # every attempt's socket and loop, not the GC's job
+        served = None if self._used_at is None else time.monotonic() - self._used_at
+        return self._opened_now, served
+
+    def publish(
+        self,
+        item: T,
+        key: Hashable,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        mandatory: bool = True,
+    ) -> str | None:
+        """Send on the ready channel: None once sent (the answer comes to ``on_settled``),
+        else why this message cannot be encoded (it fails alone; the channel is
+        unharmed). Any other error means the channel broke: it is raised, and the item
+        is not in the window. ``key``: what ``returned`` makes of this message."""
+        # Unconfirmed before it is sent: a loss while sending hands it back.
+        tag = self.window.sent(key, item)
+        try:
+            self.channel.basic_publish(exchange, routing_key, body, properties, mandatory=mandatory)
+        except (pika.exceptions.ShortStringTooLong, ValueError, TypeError) as e:
+            # A header name or routing key too long for AMQP, say.
+            self.window.unsend(tag)
+            return f"cannot be published: {type(e).__name__}: {e}"
+        except Exception:
+            self.window.unsend(tag)
+            raise
+        return None
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        """On this connection's loop, ``delay`` seconds from now (from inside it only)."""
+        self._connection.ioloop.call_later(delay, callback)
+
+    def close(self) -> None:
+        """From inside the loop: close the connection; ``serve`` returns once it is."""
+        if self._connection is not None:
+            _close(self._connection)
+
+    # ----------------------------------------------------------------- any thread
+
+    def call_threadsafe(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the current connection's loop; nothing if there is none
+        (the next channel's ``on_ready`` is the owner's cue)."""
+        with self._lock:
+            connection = self._connection
+        if connection is not None:
+            with contextlib.suppress(Exception):  # closing: its loop is already gone
+                connection.ioloop.add_callback_threadsafe(callback)
+
+    def close_threadsafe(self) -> None:
+        """Set ``stopping`` first: then no channel or connection is opened again."""
+        with self._lock:
+            connection = self._connection
+        if connection is not None:
+            with contextlib.suppress(Exception):  # its loop is already gone
+                connection.ioloop.add_callback_threadsafe(partial(_close, connection))
+
+    # ----------------------------------------------------------------- connection events
+
+    def _on_connection_open(self, connection: Any, node: Node) -> None:
+        self._opened_now = True
+        self.opened += 1
+        if self._role is not None:
+            log.info(f"{self._role} connected", node=node.label)
+        if self._on_open is not None:
+            self._on_open(connection)
+        if self._stopping.is_set():
+            _close(connection)
+            return
+        self._open_channel(connection)
+
+    def _on_open_error(self, connection: Any, error: BaseException | str, node: Node) -> None:
+        self.last_error = f"cannot connect: {error}"
+        if self._role is not None:
+            log.warning(
+                f"{self._role} connect failed", node=node.label, error=describe_error(error)
+            )
+        connection.ioloop.stop()
+
+    def _on_connection_closed(self, connection: Any, reason: BaseException, node: Node) -> None:
+        self.last_error = f"connection lost: {reason}"
+        if self._role is not None and not self._stopping.is_set():
+            log.info(
+                f"{self._role} connection closed",
+                node=node.label,
+                detail=f"{type(reason).__name__}: {reason}",
+            )
+        connection.ioloop.stop()
+
+    def _open_channel(self, connection: Any) -> None:
+        if connection.is_open and not self._stopping.is_set():
+            connection.channel(on_open_callback=self._on_channel_open)
+
+    def _on_channel_open(self, channel: Any) -> None:
+        channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _frame: self._on_confirming(channel)
+        )
+
+    def _on_confirming(self, channel: Any) -> None:
+        if self._used_at is None:
+            self._used_at = time.monotonic()
+        self.channel = channel
+        self._on_ready()
+
+    def _on_channel_closed(self, _channel: Any, reason: Any) -> None:
+        self.channel = None
+        self.last_error = f"channel closed: {reason}"
+        if self._reopen_channel:  # else handed back once the connection has closed
+            self._lose(f"channel closed by the broker: {reason}")
+        with self._lock:
+            connection = self._connection
+        if connection is None or not connection.is_open or self._stopping.is_set():
+            return
+        if not self._reopen_channel:
+            connection.close()
+            return
+        # The connection is fine: a new channel on it, what the old had in flight failed.
+        delay = _REOPEN_CHANNEL.wait(self._channel_failures)
+        self._channel_failures += 1
+        connection.ioloop.call_later(delay, partial(self._open_channel, connection))
+
+    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+        # A return comes before the confirm of the same message.
+        self.window.returned(*self._returned(method, properties))
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        self._channel_failures = 0
+        acked = isinstance(method, Basic.Ack)
+        self._on_settled(self.window.confirmed(method.delivery_tag, method.multiple, acked), acked)
+
+    def _lose(self, reason: str) -> None:
+        lost = self.window.lost()  # and delivery tags start again at 1 on the next channel
+        if lost:
+            self._on_lost(lost, reason)
+
+
+def _close(connection: Any) -> None:
+    try:
+        connection.close()
+    except pika.exceptions.ConnectionWrongStateError:
+        connection.ioloop.stop()  # still opening or already closing: just leave
