@@ -19,11 +19,11 @@ The publish stage is the one action with side effects and runs once: its
 results come back with ``collect()``, never recomputed. The exchange must
 exist (one passive check on the driver); replay never declares it.
 
-With a cluster's nodes in ``broker.url``, the driver's check and each
-partition connect to the first node that answers, in the order given (a
-partition asks with a short connection of its own, then publishes there;
-a node lost mid-partition is retried as with one node, and what is never
-confirmed ends in ``failed/``).
+With a cluster's nodes in ``broker.url``, the driver's check connects to
+the first node that answers, in the order given; each partition's publisher
+goes round the nodes as the service's publisher does (a node lost
+mid-partition leads to the next, unconfirmed records are sent again there,
+and what is never confirmed ends in ``failed/``).
 
 Outputs: one summary line on stdout, and in ``--out``: ``counts.json``,
 ``rejects/`` (JSON lines: file, line, reason) and ``failed/`` (records the
