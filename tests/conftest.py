@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,9 +16,16 @@ from dispatcher import logs
 from dispatcher.config import settings_from_dict
 from dispatcher.service import Service
 from tests.support import broker
+from tests.support.process import SERVICE_VARIABLES
 from tests.support.subscriber import Subscriber
 
 logs.configure("debug", "json")
+
+# The service's own variables (RABBITMQ_URL, LOG_LEVEL, Knative's, the proxies) are the
+# tests' to set, never the caller's: code under test that reads os.environ (cli.main,
+# endpoint(), a child that inherits it) must see only what a test put there.
+for _name in SERVICE_VARIABLES:
+    os.environ.pop(_name, None)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.support.process import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "dispatcher"
@@ -129,17 +130,12 @@ def dispatcher_check(
     env: Mapping[str, str], config: Path | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``python -m dispatcher check`` as the pod would run it: image ENV, then the manifest's."""
-    inherited = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DISPATCHER_", "RABBIT", "LOG_", "DEDUPE_")) and k != "QUEUE_NAME"
-    }
     args = [sys.executable, "-m", "dispatcher", "check"]
     if config is not None:
         args += ["--config", str(config)]
     return subprocess.run(
         args,
-        env={**inherited, "PYTHONPATH": str(ROOT), **image_env(), **env},
+        env=child_env({**image_env(), **env}),  # nothing of the caller's but the basics
         cwd=cwd or ROOT,
         capture_output=True,
         text=True,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 import re
 import signal
 import socket
@@ -29,6 +28,7 @@ from dispatcher.pipeline import records
 from dispatcher.pipeline.archive import ArchiveResult, archive
 from tests.support import broker
 from tests.support.broker import event_headers, publish
+from tests.support.process import child_env
 from tests.support.proxy import FaultProxy
 from tests.support.raw_amqp import RawPublisher, properties, table, timestamp
 
@@ -324,8 +324,7 @@ def test_a_deleted_queue_ends_the_run_with_exit_1(queue, tmp_path):
 
 
 def start_cli(*args: str, out: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    environ = {k: v for k, v in os.environ.items() if k != "DISPATCHER_CONFIG"}
-    environ.update({"PYTHONPATH": str(ROOT), "RABBITMQ_URL": broker.URL, **(env or {})})
+    environ = child_env({"RABBITMQ_URL": broker.URL, **(env or {})})
     # Files, not pipes: a process that fills an unread pipe would block.
     return subprocess.Popen(
         [sys.executable, "-m", "dispatcher", "archive", *args],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import yaml
 
 from tests.support import broker
 from tests.support.broker import event_headers, publish
+from tests.support.process import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def dispatcher(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
         timeout=60,
         check=False,
         cwd=ROOT,
-        env={**os.environ, **(env or {})},
+        env=child_env(env),  # a clean base: the caller's RABBITMQ_URL must not win
     )
 
 
@@ -103,7 +103,11 @@ def test_console_script_and_launcher_exist(tmp_path):
     path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
     script = Path(sys.executable).parent / "dispatcher"
     console = subprocess.run(
-        [str(script), "check", "--config", str(path)], capture_output=True, timeout=60, check=False
+        [str(script), "check", "--config", str(path)],
+        capture_output=True,
+        timeout=60,
+        check=False,
+        env=child_env(),
     )
     assert console.returncode == 0
     launcher = subprocess.run(
@@ -112,6 +116,7 @@ def test_console_script_and_launcher_exist(tmp_path):
         text=True,
         timeout=60,
         check=False,
+        env=child_env(),
     )
     assert launcher.stdout.startswith("dispatcher ")
     assert not (ROOT / "cmd" / "__init__.py").exists()
@@ -125,6 +130,7 @@ def test_run_delivers_then_stops_cleanly_on_sigterm(tmp_path, subscriber):
     process = subprocess.Popen(
         [sys.executable, "-m", "dispatcher", "run", "--config", str(path)],
         cwd=ROOT,
+        env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -176,6 +182,7 @@ def test_help_works_with_docstrings_stripped(args):
         timeout=60,
         check=False,
         cwd=ROOT,
+        env=child_env(),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: ")

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import broker
 from tests.support.broker import event_headers, publish, wait_until
-from tests.support.process import ROOT, DispatcherProcess
+from tests.support.process import ROOT, DispatcherProcess, child_env
 from tests.support.promtool import promtool_binary
 from tests.support.subscriber import Received, Reply
 
@@ -272,6 +272,7 @@ def test_basic_auth_from_urls_is_sent_and_its_password_never_shown(
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=child_env(),
         timeout=60,
     )
     assert request.headers["authorization"] == "Basic " + b64("alice:hunter2-pw")

@@ -11,12 +11,67 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# Every variable the service reads (``dispatcher/config/sources.py``'s overrides,
+# ``dispatcher/config/knative.py``'s drop-in mode, the HTTP client's proxies). A
+# test decides these itself: the caller's must not reach the code under test
+# (tests/conftest.py removes them from this process, ``child_env`` from children).
+# tests/unit/test_caller_environment.py checks the list against the code.
+SERVICE_VARIABLES: Final = frozenset(
+    {
+        # config file and overrides
+        "DISPATCHER_CONFIG",
+        "RABBITMQ_URL",
+        "DEDUPE_STORE_URL",
+        "DISPATCHER_LISTEN",
+        "LOG_LEVEL",
+        "LOG_FORMAT",
+        # Knative drop-in mode
+        "QUEUE_NAME",
+        "SUBSCRIBER",
+        "RABBIT_URL",
+        "RABBITMQ_VHOST",
+        "RETRY",
+        "BACKOFF_POLICY",
+        "BACKOFF_DELAY",
+        "TIMEOUT",
+        "PARALLELISM",
+        "DLX_NAME",
+        "DEAD_LETTER_SINK",
+        "BROKER_INGRESS_URL",
+        "SUBSCRIBER_CACERTS",
+        # the HTTP client follows proxies as curl does
+        *(f"{scheme}_proxy" for scheme in ("http", "https", "all", "no")),
+        *(f"{scheme}_PROXY" for scheme in ("HTTP", "HTTPS", "ALL", "NO")),
+    }
+)
+# What a child process needs of the caller's environment: finding programs and
+# libraries, a home, a temporary folder, the locale and the CA store.
+_PASSED: Final = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "TZ", "LANG", "LANGUAGE", "LD_LIBRARY_PATH"}
+    | {"SSL_CERT_FILE", "SSL_CERT_DIR", "SYSTEMROOT"}
+)
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process of the service's code: a clean base (the
+    necessities above, ``PYTHONPATH`` the repository) plus ``extra``. Nothing else of
+    the caller's, so a ``RABBITMQ_URL`` or ``LOG_LEVEL`` set where the tests were
+    started cannot override what a test configured."""
+    base = {
+        name: value
+        for name, value in os.environ.items()
+        if (name in _PASSED or name.startswith("LC_")) and name not in SERVICE_VARIABLES
+    }
+    # Unbuffered, as in the image: a line is out when it is written.
+    return {**base, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 class DispatcherProcess:
@@ -31,12 +86,11 @@ class DispatcherProcess:
             path = directory / "dispatcher.yaml"
             path.write_text(yaml.safe_dump(config))
             args += ["--config", str(path)]
-        environ = {k: v for k, v in os.environ.items() if k != "DISPATCHER_CONFIG"}
         # Without --config, run from a folder with no config/dispatcher.yaml.
         self.popen = subprocess.Popen(
             args,
             cwd=directory if config is None else ROOT,
-            env={**environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            env=child_env(env),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
