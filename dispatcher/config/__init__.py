@@ -17,6 +17,9 @@ The modules, from the data up:
     Parsers for one value each, ``(value, key) -> typed value`` or a
     ``ConfigError`` naming ``key``: scalars, names, headers and filters;
     durations; broker, store and HTTP URLs.
+``amqp``
+    A broker URL as pika will read it (virtual host, query parameters),
+    without importing pika.
 ``validation``
     How a section is read (``Section``) and the kinds of rule a key can have:
     each is a parser and the JSON Schema that says the same.

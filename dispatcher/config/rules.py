@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
-from dispatcher.config import durations, urls, values
+from dispatcher.config import amqp, durations, urls, values
 from dispatcher.config.redaction import show
 from dispatcher.config.settings import (
     AttributesFilter,
@@ -109,7 +109,7 @@ def _bindings_rule() -> ListRule:
 
 
 def _check_broker(broker: Any, s: Section) -> None:
-    if len({urls.virtual_host(url) for url in broker.urls}) > 1:
+    if len({amqp.virtual_host(url) for url in broker.urls}) > 1:
         raise ConfigError(s.sub("url"), "every node of one cluster must name the same virtual host")
 
 

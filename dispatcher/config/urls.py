@@ -5,8 +5,8 @@ Each must mean one thing to everyone who reads it. A URL that the library
 using it (pika, libcurl, redis-py) would read differently from how this
 configuration and every log line show it is refused, with the reason:
 an ``@`` after the host, characters RFC 3986 does not allow unencoded, hosts
-curl reads as numbers. Passwords in them are shown only redacted
-(``redaction``).
+curl reads as numbers, query parameters pika refuses (``amqp``). Passwords in
+them are shown only redacted (``redaction``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import re
 from typing import Final
 from urllib.parse import urlsplit
 
-import pika
-
+from dispatcher.config import amqp
 from dispatcher.config.redaction import SCHEME, redact_url, show
 from dispatcher.config.values import string
 from dispatcher.errors import ConfigError
@@ -48,18 +47,12 @@ def amqp_urls(value: object, key: str) -> str | tuple[str, ...]:
 def amqp_url(value: object, key: str) -> str:
     url = _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
     try:
-        # Query parameters (?heartbeat=, ?channel_max=) are pika's to read: let
-        # it reject them now rather than at connect time, forever, in a loop.
-        pika.URLParameters(url)
-    except Exception as e:  # pika raises ValueError, TypeError or its own errors
+        # Query parameters (?heartbeat=, ?channel_max=) are pika's to read: what
+        # it would reject is rejected now rather than at connect time, forever.
+        amqp.check_url(url)
+    except Exception as e:  # ValueError, TypeError, SyntaxError... as pika raises them
         raise ConfigError(key, f"invalid connection parameter in {show(url)}: {e}") from None
     return url
-
-
-def virtual_host(url: str) -> str:
-    """The virtual host a node's URL names (``/`` when it names none)."""
-    vhost: str = pika.URLParameters(url).virtual_host
-    return vhost
 
 
 def redis_url(value: object, key: str) -> str:
