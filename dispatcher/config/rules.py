@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from dispatcher.config import amqp, durations, urls, values
@@ -23,15 +23,21 @@ from dispatcher.config.redaction import show
 from dispatcher.config.settings import (
     AttributesFilter,
     AuthSettings,
+    BackoffPolicy,
     BatchSettings,
     BindingSettings,
     BrokerSettings,
+    ContentMode,
     DeadLetterSettings,
     DeclareSettings,
     DedupeSettings,
     DeliverySettings,
     HttpSettings,
+    LogFormat,
     LoggingSettings,
+    LogLevel,
+    NonCloudEvent,
+    QueueType,
     ReconnectSettings,
     ReplySettings,
     Settings,
@@ -175,7 +181,9 @@ def _check_reply(reply: Any, s: Section) -> None:
 # The table
 # --------------------------------------------------------------------------
 
-_LOG_LEVEL_ALIASES: Final = {"warn": "warning"}  # what LOG_LEVEL=warn means everywhere else
+_LOG_LEVEL_ALIASES: Final[Mapping[str, LogLevel]] = {
+    "warn": "warning"
+}  # what LOG_LEVEL=warn means everywhere else
 _TLS: Final = _section_rule(TlsSettings)
 _HTTP_URL: Final = url_rule(urls.http_url, "http", "https")
 
@@ -220,10 +228,8 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
     },
     ShutdownSettings: {"grace": duration_rule(durations.parse_duration, 0)},
     LoggingSettings: {
-        "level": choice_rule(
-            "debug", "info", "warning", "error", lower=True, aliases=_LOG_LEVEL_ALIASES
-        ),
-        "format": choice_rule("json", "console", lower=True),
+        "level": choice_rule(get_args(LogLevel), lower=True, aliases=_LOG_LEVEL_ALIASES),
+        "format": choice_rule(get_args(LogFormat), lower=True),
     },
     BindingSettings: {
         "name": Rule(
@@ -232,7 +238,7 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "queue": text_rule(non_empty=True, max_bytes=255),  # AMQP 0-9-1 shortstr limit
         "subscriber": _HTTP_URL,
         "declare": _section_rule(DeclareSettings),
-        "content_mode": choice_rule("binary", "structured"),
+        "content_mode": choice_rule(get_args(ContentMode)),
         "tls": _TLS,
         # The prefetch count is an AMQP short (and 0 would mean "unlimited").
         "parallelism": integer_rule(1, 65535),
@@ -260,18 +266,18 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "dedupe_window": duration_rule(durations.parse_duration, 0),
         "dead_letter": _section_rule(DeadLetterSettings),
         "reply": _section_rule(ReplySettings),
-        "non_cloudevent": choice_rule("wrap", "dead_letter"),
+        "non_cloudevent": choice_rule(get_args(NonCloudEvent)),
         "max_body_size": size_rule(),
     },
     DeclareSettings: {
         "durable": Rule(values.boolean, {"type": "boolean"}),
-        "type": choice_rule("classic", "quorum"),
+        "type": choice_rule(get_args(QueueType)),
         "dead_letter_exchange": text_rule(),
         "delivery_limit": integer_rule(1),
     },
     DeliverySettings: {
         "retry": integer_rule(0),
-        "backoff_policy": choice_rule("exponential", "linear"),
+        "backoff_policy": choice_rule(get_args(BackoffPolicy)),
         # 0 would requeue a refused message straight back, in a hot loop.
         "backoff_delay": duration_rule(durations.positive_duration, 0, positive=True),
         "backoff_max": duration_rule(durations.parse_duration, 0),

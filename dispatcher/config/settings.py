@@ -2,8 +2,10 @@
 
 ``Settings`` is the service's whole configuration; ``BatchSettings`` is the part
 the batch commands read. Field names are the configuration's key names, and a
-field's default is the value a missing key (or ``null``) means. Nothing here
-reads, checks or builds anything: ``rules`` says what each key accepts,
+field's default is the value a missing key (or ``null``) means. A key that takes one
+of a closed set of words has a ``Literal`` type listing them (``ContentMode``,
+``BackoffPolicy``...), which the rule for the key reads its choices from.
+Nothing here reads, checks or builds anything: ``rules`` says what each key accepts,
 ``sources`` fills the tree, and the code that connects (``dispatcher.broker``,
 ``dispatcher.http``) turns it into sockets and TLS contexts.
 """
@@ -14,6 +16,14 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from dispatcher.retry import DEFAULT_RETRY_ON
+
+# The closed sets: the words a key accepts, in the order messages list them.
+ContentMode = Literal["binary", "structured"]
+BackoffPolicy = Literal["exponential", "linear"]
+NonCloudEvent = Literal["wrap", "dead_letter"]
+QueueType = Literal["classic", "quorum"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["json", "console"]
 
 # Field metadata telling ``render.effective_config`` how to write a value back in
 # the form a user would write in the file.
@@ -107,14 +117,14 @@ class ShutdownSettings:
 
 @dataclass(frozen=True, slots=True)
 class LoggingSettings:
-    level: str = "info"
-    format: str = "json"
+    level: LogLevel = "info"
+    format: LogFormat = "json"
 
 
 @dataclass(frozen=True, slots=True)
 class DeclareSettings:
     durable: bool = True
-    type: str = "classic"
+    type: QueueType = "classic"
     dead_letter_exchange: str | None = None
     delivery_limit: int | None = None
 
@@ -122,7 +132,7 @@ class DeclareSettings:
 @dataclass(frozen=True, slots=True)
 class DeliverySettings:
     retry: int = 5
-    backoff_policy: str = "exponential"
+    backoff_policy: BackoffPolicy = "exponential"
     backoff_delay: float = field(default=0.2, metadata=_DURATION)
     backoff_max: float = field(default=30.0, metadata=_DURATION)
     timeout: float = field(default=10.0, metadata=_DURATION)
@@ -190,7 +200,7 @@ class BindingSettings:
     queue: str
     subscriber: str = field(metadata=_URL)
     declare: DeclareSettings | None = None
-    content_mode: str = "binary"
+    content_mode: ContentMode = "binary"
     tls: TlsSettings = field(default_factory=TlsSettings)
     parallelism: int = 10
     # ``ordered: true`` forces prefetch 1 whatever ``parallelism`` says: with
@@ -208,7 +218,7 @@ class BindingSettings:
     dedupe_window: float = field(default=600.0, metadata=_DURATION)
     dead_letter: DeadLetterSettings = field(default_factory=DeadLetterSettings)
     reply: ReplySettings = field(default_factory=ReplySettings)
-    non_cloudevent: str = "wrap"
+    non_cloudevent: NonCloudEvent = "wrap"
     # Bodies above this are dead-lettered, not buffered.
     max_body_size: int = field(default=8 * 1024 * 1024, metadata=_SIZE)
 

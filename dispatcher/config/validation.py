@@ -139,9 +139,9 @@ def _any_case(word: str) -> str:
 
 
 def choice_rule(
-    *options: str, lower: bool = False, aliases: Mapping[str, str] | None = None
+    options: tuple[str, ...], *, lower: bool = False, aliases: Mapping[str, str] | None = None
 ) -> Rule:
-    parse = values.choice(*options, lower=lower, aliases=aliases)
+    parse = values.choice(options, lower=lower, aliases=aliases)
     words = [*options, *(aliases or {})]
     if not lower:
         return Rule(parse, {"enum": words})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Final, get_args
+from typing import Final, TypeVar, get_args
 
 from dispatcher.bearer import read_token
 from dispatcher.config.redaction import show
@@ -73,17 +73,23 @@ def int_between(low: int, high: int) -> Callable[[object, str], int]:
     return parse
 
 
+Word = TypeVar("Word", bound=str)
+
+
 def choice(
-    *options: str, lower: bool = False, aliases: Mapping[str, str] | None = None
-) -> Callable[[object, str], str]:
-    def parse(value: object, key: str) -> str:
-        if not isinstance(value, str):
-            raise ConfigError(key, f"must be one of {', '.join(options)}, got {show(value)}")
-        text = value.lower() if lower else value
-        text = aliases.get(text, text) if aliases else text
-        if text not in options:
-            raise ConfigError(key, f"must be one of {', '.join(options)}, got {show(value)}")
-        return text
+    options: tuple[Word, ...], *, lower: bool = False, aliases: Mapping[str, Word] | None = None
+) -> Callable[[object, str], Word]:
+    """One of ``options`` (a ``Literal``'s words), compared in lower case when
+    ``lower``; an alias stands for the option it maps to."""
+
+    def parse(value: object, key: str) -> Word:
+        if isinstance(value, str):
+            text = value.lower() if lower else value
+            text = aliases.get(text, text) if aliases else text
+            for option in options:
+                if text == option:
+                    return option
+        raise ConfigError(key, f"must be one of {', '.join(options)}, got {show(value)}")
 
     return parse
 
