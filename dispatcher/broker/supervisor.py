@@ -4,7 +4,7 @@ It connects, opens one channel per binding (so a channel-level close of one
 binding does not disturb the others), sets prefetch, consumes, notices every
 way consumption can stop, and rebuilds with jittered exponential backoff,
 forever. With a cluster's nodes in ``broker.url``, every connect goes to the
-node after the one tried last (``broker_params.Rotation``): losing the
+node after the one tried last (``params.Rotation``): losing the
 connection to one node leads straight to the next, and the backoff applies
 only when a whole round of nodes failed. The node connected to is logged
 (``host:port``) and shown by ``dispatcher_broker_node``.
@@ -13,20 +13,9 @@ Messages are handed to the delivery engine; the engine hands its verdicts
 back in batches through ``settle``, which queues them and wakes the pika
 thread with ``add_callback_threadsafe`` (one wake-up per batch, not per ack).
 
-Every delivery carries the generation of the channel it arrived on. A verdict
-for a generation that is gone is dropped and counted as a stale ack: delivery
-tags restart at 1 on every channel, so sending it on the new channel would
-settle a different message (FIELD-NOTES, failure 6 and invariant 2). The
-broker redelivers the old message itself.
-
-In flight per binding stays within ``parallelism`` across channel flaps
-(invariant 8). A delivery whose channel closed keeps running (its HTTP
-request is never aborted) and keeps its slot until its verdict comes back.
-So a new channel's consumer may prefetch only what is free: ``parallelism``
-minus the closed channels' deliveries still running. If nothing is free it
-waits; as that old work finishes, more consumers on the same channel take
-the freed room. A broker that closes the channel ten times in a row gets
-one prefetch's worth of messages held here, not ten.
+Each binding's channel is a ``Consumer`` (``consumer``): its channel
+generations, prefetch room and verdicts. A connection lost takes every
+channel with it; the supervisor reconnects and the consumers open new ones.
 
 Only this thread touches pika objects; the lock guards the few fields other
 threads read (current connection, pending verdicts).
@@ -41,7 +30,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -49,7 +37,7 @@ import pika
 import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
-from dispatcher.broker import amqp_properties
+from dispatcher.broker.consumer import Consumer, Shared
 from dispatcher.broker.params import (
     Node,
     Rotation,
@@ -60,29 +48,13 @@ from dispatcher.broker.params import (
 )
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.engine import Verdict
-from dispatcher.events import AmqpMessage, Unreadable
-from dispatcher.from_amqp import amqp_message
-from dispatcher.handler import Action, Received
+from dispatcher.handler import Received
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 
 log = get_logger()
 
 _TICK = 1.0  # the loop proves it is alive this often (for /healthz)
-
-
-@dataclass(slots=True)
-class _Binding:
-    settings: BindingSettings
-    channel: Any = None
-    generation: int = 0
-    consumer_tags: list[str] = field(default_factory=list)
-    ready: bool = False  # the channel is set up (queue declared): it may consume
-    prefetch: int = 0  # what this channel's consumers were given, in all
-    in_flight: int = 0  # handed to the engine, no verdict back yet: every generation
-    current: int = 0  # of those, the ones that arrived on this channel
-    failures: int = 0  # consecutive channel failures, for backoff
-    close_reason: str | None = None  # set when we close the channel on purpose
 
 
 class Supervisor:
@@ -98,8 +70,7 @@ class Supervisor:
         # Built once (URLs, TLS files): raises here, at start, for a bad CA or key.
         self._rotation = Rotation(nodes(broker, "consumer"), self._reconnect)
         self._node: Node = self._rotation.nodes[0]  # the pika thread's: tried last
-        self._bindings: dict[str, _Binding] = {}
-        self._generations = itertools.count(1)
+        self._bindings: dict[str, Consumer] = {}
         self._lock = threading.Lock()
         self._verdicts: deque[Verdict] = deque()
         self._inbound: list[tuple[str, Received]] = []  # the pika thread's
@@ -111,9 +82,18 @@ class Supervisor:
         self._was_open = False
         self._used_at: float | None = None  # when this connection got a channel ready
         self.last_tick = time.monotonic()
+        self._shared = Shared(
+            metrics,
+            self._reconnect,
+            self._stopping,
+            itertools.count(1),
+            self._current_connection,
+            self._channel_ready,
+            self._receive,
+        )
 
     def add_binding(self, settings: BindingSettings) -> None:
-        self._bindings[settings.name] = _Binding(settings)
+        self._bindings[settings.name] = Consumer(settings, self._shared)
         self._metrics.register_binding(settings.name)
 
     def deliver_to(self, deliver: Callable[[list[tuple[str, Received]]], None]) -> None:
@@ -146,15 +126,15 @@ class Supervisor:
     def channel_ready(self, binding: str) -> bool:
         """``binding``'s channel is open and set up (queue declared): it consumes,
         or waits for room to."""
-        b = self._bindings[binding]
-        channel = b.channel
-        return b.ready and channel is not None and bool(channel.is_open)
+        consumer = self._bindings[binding]
+        channel = consumer.channel
+        return consumer.ready and channel is not None and bool(channel.is_open)
 
     def close_channel(self, binding: str) -> bool:
         """Ask the pika thread to close ``binding``'s channel, as a broker-side channel
         error would: counted as ``channel_closed`` and rebuilt after a backoff, with a
         new generation. False when there is no connection to ask."""
-        return self.run_on_broker_thread(partial(self._close_channel_of, binding))
+        return self.run_on_broker_thread(self._bindings[binding].close_channel)
 
     def run_on_broker_thread(self, callback: Callable[[], None]) -> bool:
         """Run ``callback`` on the pika thread, between its events (a stuck loop can be
@@ -165,11 +145,6 @@ class Supervisor:
             return False
         self._call_soon(connection, callback)
         return True
-
-    def _close_channel_of(self, binding: str) -> None:
-        channel = self._bindings[binding].channel
-        if channel is not None and channel.is_open:
-            _close_channel(channel)
 
     def settle(self, verdicts: list[Verdict]) -> None:
         """Called by the engine with a batch of verdicts (``LEAVE`` included: each one
@@ -255,8 +230,8 @@ class Supervisor:
         finally:
             with self._lock:
                 self._connection = None
-            for b in self._bindings.values():
-                self._forget_channel(b)
+            for consumer in self._bindings.values():
+                consumer.forget_channel()
             self._metrics.broker_connected.set(0)
             self._metrics.set_broker_node(None)
             self._metrics.set_blocked("consumer", False)
@@ -279,8 +254,8 @@ class Supervisor:
         if self._stopping.is_set():
             self._close()
             return
-        for b in self._bindings.values():
-            self._open_channel(connection, b)
+        for consumer in self._bindings.values():
+            consumer.open(connection)
 
     def _on_open_error(self, connection: Any, error: Exception) -> None:
         self._close_reason = "connect_failed"
@@ -308,220 +283,42 @@ class Supervisor:
         self._metrics.set_blocked("consumer", False)
         log.info("broker unblocked the connection")
 
-    # ----------------------------------------------------------------- channels and consumers
+    # ----------------------------------------------------------------- messages and verdicts
 
-    def _open_channel(self, connection: Any, b: _Binding) -> None:
-        if self._stopping.is_set() or not connection.is_open:
-            return
-        connection.channel(on_open_callback=partial(self._on_channel_open, b))
-
-    def _on_channel_open(self, b: _Binding, channel: Any) -> None:
-        generation = next(self._generations)
-        b.channel, b.generation, b.consumer_tags = channel, generation, []
-        b.ready, b.prefetch, b.current = False, 0, 0
-        channel.add_on_close_callback(partial(self._on_channel_closed, b, generation))
-        channel.add_on_cancel_callback(partial(self._on_cancelled, b, generation))
-        declare = b.settings.declare
-        if declare is None:
-            self._on_channel_ready(b, generation)
-            return
-        arguments: dict[str, Any] = {"x-queue-type": declare.type}
-        if declare.dead_letter_exchange is not None:
-            arguments["x-dead-letter-exchange"] = declare.dead_letter_exchange
-        if declare.delivery_limit is not None:
-            arguments["x-delivery-limit"] = declare.delivery_limit
-        channel.queue_declare(
-            b.settings.queue,
-            durable=declare.durable,
-            arguments=arguments,
-            callback=lambda _frame: self._on_channel_ready(b, generation),
-        )
-
-    def _on_channel_ready(self, b: _Binding, generation: int) -> None:
-        if generation != b.generation:
-            return
-        b.ready = True
+    def _channel_ready(self) -> None:
         if self._used_at is None:
             self._used_at = time.monotonic()
-        orphans = b.in_flight
-        if orphans >= b.settings.workers:
-            log.warning(
-                "consumer waits for room: deliveries of a closed channel still run",
-                binding=b.settings.name,
-                running=orphans,
-            )
-        self._fill(b)
 
-    def _fill(self, b: _Binding) -> None:
-        """Consume with whatever room the binding's in-flight bound leaves.
-
-        A consumer's prefetch is fixed when it starts (per-consumer qos), so room
-        that frees up later is taken by another consumer on the same channel. The
-        first takes ``parallelism`` minus the closed channels' deliveries still
-        running (at least one must be free); more are added as those finish, a
-        quarter of ``parallelism`` at a time or the rest once they are all done:
-        a handful of consumers per channel at most, never a slot left idle long.
-        """
-        channel = b.channel
-        if not b.ready or channel is None or not channel.is_open or self._stopping.is_set():
-            return
-        orphans = b.in_flight - b.current
-        room = b.settings.workers - orphans - b.prefetch
-        step = max(1, b.settings.workers // 4)
-        if room < 1 or (b.prefetch and orphans and room < step):
-            return
-        b.prefetch += room
-        generation = b.generation
-        # Per consumer (global_qos=False): a global qos on a quorum queue closes
-        # the connection. ordered: workers is 1, which keeps queue order,
-        # retries included.
-        channel.basic_qos(
-            prefetch_count=room,
-            callback=lambda _frame: self._consume(b, channel, generation),
-        )
-
-    def _consume(self, b: _Binding, channel: Any, generation: int) -> None:
-        if self._stopping.is_set() or generation != b.generation:
-            return  # shutdown, or the channel went while this consumer was being set up
-        channel.basic_consume(
-            b.settings.queue,
-            on_message_callback=partial(self._on_message, b, generation),
-            callback=lambda frame: self._on_consuming(b, generation, frame.method.consumer_tag),
-        )
-
-    def _on_consuming(self, b: _Binding, generation: int, tag: str) -> None:
-        if generation != b.generation:
-            return
-        b.consumer_tags.append(tag)
-        b.failures = 0
-        self._metrics.consumer_up.labels(b.settings.name).set(1)
-        log.info(
-            "consumer attached",
-            binding=b.settings.name,
-            queue=b.settings.queue,
-            prefetch=b.prefetch,
-        )
-
-    def _on_message(
-        self, b: _Binding, generation: int, _channel: Any, method: Any, props: Any, body: bytes
-    ) -> None:
-        b.in_flight += 1
-        b.current += 1
-        tag = method.delivery_tag
-        unreadable = amqp_properties.unreadable(props)
-        if unreadable is not None:
-            log.warning(
-                "message properties pika could not decode: it will be dead-lettered",
-                binding=b.settings.name,
-                delivery_tag=tag,
-                error=unreadable.error,
-            )
-        try:
-            message = amqp_message(body, props)
-        except Exception as e:
-            # Raised here (pika's callback) it would abort the connection just as
-            # a decode failure does, and meet this message again on the next one.
-            log.exception("message properties could not be read", binding=b.settings.name)
-            message = AmqpMessage(body, {})
-            unreadable = Unreadable(f"{type(e).__name__}: {e}", b"")
-        received = Received(generation, tag, bool(method.redelivered), message, unreadable)
+    def _receive(self, binding: str, received: Received) -> None:
         if not self._inbound:
             # pika dispatches every frame of one socket read, then its timers: the
             # whole burst goes to the engine in one hand-over (one wake-up, and one
             # turn each at the GIL instead of a tug of war per message).
             self._connection.ioloop.call_later(0, self._hand_over)
-        self._inbound.append((b.settings.name, received))
+        self._inbound.append((binding, received))
 
     def _hand_over(self) -> None:
         inbound, self._inbound = self._inbound, []
         self._deliver(inbound)
 
-    def _on_cancelled(self, b: _Binding, generation: int, _frame: Any) -> None:
-        """The broker cancelled our consumer (queue deleted, node failover)."""
-        if generation != b.generation or b.channel is None:
-            return
-        log.warning("consumer cancelled by the broker", binding=b.settings.name)
-        b.close_reason = "consumer_cancelled"
-        _close_channel(b.channel)
-
-    def _on_channel_closed(self, b: _Binding, generation: int, _channel: Any, reason: Any) -> None:
-        if generation != b.generation:
-            return
-        label = b.close_reason or "channel_closed"
-        self._forget_channel(b)
+    def _current_connection(self) -> Any:
         with self._lock:
-            connection = self._connection
-        if self._stopping.is_set() or connection is None or not connection.is_open:
-            return  # shutdown, or the connection's own close handles the rebuild
-        self._metrics.reconnects.labels(label).inc()
-        delay = self._reconnect.wait(b.failures)
-        b.failures += 1
-        log.warning(
-            "channel closed",
-            binding=b.settings.name,
-            reason=label,
-            detail=describe_error(reason),
-            retry_in_s=round(delay, 3),
-        )
-        connection.ioloop.call_later(delay, partial(self._open_channel, connection, b))
-
-    def _forget_channel(self, b: _Binding) -> None:
-        was_consuming = bool(b.consumer_tags)
-        b.channel, b.consumer_tags, b.close_reason = None, [], None
-        # Its deliveries still running are the closed channel's now: they keep
-        # their slots (``in_flight``) but no longer count as this channel's.
-        b.ready, b.prefetch, b.current = False, 0, 0
-        self._metrics.consumer_up.labels(b.settings.name).set(0)
-        if was_consuming:
-            log.info("consumer detached", binding=b.settings.name)
-
-    # ----------------------------------------------------------------- verdicts and shutdown
+            return self._connection
 
     def _apply_verdicts(self) -> None:
         with self._lock:
             verdicts = list(self._verdicts)
             self._verdicts.clear()
         touched: set[str] = set()
-        for v in verdicts:
-            b = self._bindings[v.binding]
-            touched.add(v.binding)
-            b.in_flight -= 1
-            channel = b.channel
-            current = channel is not None and v.received.generation == b.generation
-            if current:
-                b.current -= 1
-            if v.action is Action.LEAVE:
-                continue  # nothing to send: the broker redelivers it
-            if not current or not channel.is_open:
-                self._count_stale(b)
-                continue
-            self._send_verdict(b, channel, v.received.tag, v.action)
+        for verdict in verdicts:
+            touched.add(verdict.binding)
+            self._bindings[verdict.binding].apply(verdict)
         for name in touched:
-            self._fill(self._bindings[name])
-
-    def _send_verdict(self, b: _Binding, channel: Any, tag: int, action: Action) -> None:
-        try:
-            # One verdict per delivery, never `multiple` (invariant 3).
-            if action is Action.ACK:
-                channel.basic_ack(tag, multiple=False)
-            elif action is Action.REQUEUE:
-                channel.basic_nack(tag, multiple=False, requeue=True)
-            else:
-                channel.basic_reject(tag, requeue=False)
-        except pika.exceptions.AMQPError:
-            self._count_stale(b)
-
-    def _count_stale(self, b: _Binding) -> None:
-        self._metrics.stale_acks.labels(b.settings.name).inc()
+            self._bindings[name].fill()
 
     def _cancel_consumers(self) -> None:
-        for b in self._bindings.values():
-            if b.channel is not None and b.channel.is_open and b.consumer_tags:
-                for tag in b.consumer_tags:
-                    b.channel.basic_cancel(tag)
-                b.consumer_tags = []
-                self._metrics.consumer_up.labels(b.settings.name).set(0)
-                log.info("consumer cancelled", binding=b.settings.name)
+        for consumer in self._bindings.values():
+            consumer.cancel()
 
     def _close(self) -> None:
         self._apply_verdicts()
@@ -533,11 +330,6 @@ class Supervisor:
             connection.close()
         except pika.exceptions.ConnectionWrongStateError:
             connection.ioloop.stop()  # still opening or already closing: just leave
-
-
-def _close_channel(channel: Any) -> None:
-    with contextlib.suppress(pika.exceptions.AMQPError):
-        channel.close()
 
 
 def _close_reason(error: Exception, current: str) -> str:

@@ -1,0 +1,288 @@
+"""One binding's channel on the supervisor's pika thread.
+
+A ``Consumer`` opens its binding's channel (declaring the queue if asked),
+sets per-consumer prefetch, consumes, hands each message in with the
+generation of the channel it arrived on, applies verdicts, and when the
+channel closes (a channel-level error, a consumer the broker cancelled)
+reopens it after a backoff with a new generation, while the connection
+lives. The connection itself is the supervisor's.
+
+Generations: delivery tags restart at 1 on every channel, so a verdict
+reached for a message of a channel that is gone must not be sent on the new
+one (it would settle a different message). It is dropped and counted as a
+stale ack (``dispatcher_stale_acks_total``); the broker redelivers the old
+message itself.
+
+In flight stays within ``parallelism`` across channel flaps: a delivery whose
+channel closed keeps running (its HTTP request is never aborted) and keeps
+its slot until its verdict comes back, so a new channel's consumers may
+prefetch only what is free (``fill``). A broker that closes the channel ten
+times in a row gets one prefetch's worth of messages held here, not ten.
+
+Everything here runs on the pika thread, except the plain fields read by
+``Supervisor``'s inspection methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pika.exceptions
+
+from dispatcher.broker import amqp_properties
+from dispatcher.broker.params import describe_error
+from dispatcher.config import BindingSettings
+from dispatcher.engine import Verdict
+from dispatcher.events import AmqpMessage, Unreadable
+from dispatcher.from_amqp import amqp_message
+from dispatcher.handler import Action, Received
+from dispatcher.logs import get_logger
+from dispatcher.metrics import Metrics
+from dispatcher.retry import Backoff
+
+log = get_logger()
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What every binding's consumer shares with the supervisor."""
+
+    metrics: Metrics
+    reconnect: Backoff
+    stopping: threading.Event
+    generations: itertools.count[int]
+    connection: Callable[[], Any]  # the current connection, or None
+    on_ready: Callable[[], None]  # a channel got ready: the connection is in use
+    receive: Callable[[str, Received], None]  # a message, to the engine
+
+
+class Consumer:
+    def __init__(self, settings: BindingSettings, shared: Shared) -> None:
+        self.settings = settings
+        self._shared = shared
+        self.channel: Any = None
+        self.generation = 0
+        self.consumer_tags: list[str] = []
+        self.ready = False  # the channel is set up (queue declared): it may consume
+        self._prefetch = 0  # what this channel's consumers were given, in all
+        self._in_flight = 0  # handed to the engine, no verdict back yet: every generation
+        self._current = 0  # of those, the ones that arrived on this channel
+        self._failures = 0  # consecutive channel failures, for backoff
+        self._close_reason: str | None = None  # set when we close the channel on purpose
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    # ----------------------------------------------------------------- the channel
+
+    def open(self, connection: Any) -> None:
+        if self._shared.stopping.is_set() or not connection.is_open:
+            return
+        connection.channel(on_open_callback=self._on_channel_open)
+
+    def close_channel(self) -> None:
+        if self.channel is not None and self.channel.is_open:
+            _close_channel(self.channel)
+
+    def _on_channel_open(self, channel: Any) -> None:
+        generation = next(self._shared.generations)
+        self.channel, self.generation, self.consumer_tags = channel, generation, []
+        self.ready, self._prefetch, self._current = False, 0, 0
+        channel.add_on_close_callback(partial(self._on_channel_closed, generation))
+        channel.add_on_cancel_callback(partial(self._on_cancelled, generation))
+        declare = self.settings.declare
+        if declare is None:
+            self._on_channel_ready(generation)
+            return
+        arguments: dict[str, Any] = {"x-queue-type": declare.type}
+        if declare.dead_letter_exchange is not None:
+            arguments["x-dead-letter-exchange"] = declare.dead_letter_exchange
+        if declare.delivery_limit is not None:
+            arguments["x-delivery-limit"] = declare.delivery_limit
+        channel.queue_declare(
+            self.settings.queue,
+            durable=declare.durable,
+            arguments=arguments,
+            callback=lambda _frame: self._on_channel_ready(generation),
+        )
+
+    def _on_channel_ready(self, generation: int) -> None:
+        if generation != self.generation:
+            return
+        self.ready = True
+        self._shared.on_ready()
+        orphans = self._in_flight
+        if orphans >= self.settings.workers:
+            log.warning(
+                "consumer waits for room: deliveries of a closed channel still run",
+                binding=self.name,
+                running=orphans,
+            )
+        self.fill()
+
+    def _on_cancelled(self, generation: int, _frame: Any) -> None:
+        """The broker cancelled our consumer (queue deleted, node failover)."""
+        if generation != self.generation or self.channel is None:
+            return
+        log.warning("consumer cancelled by the broker", binding=self.name)
+        self._close_reason = "consumer_cancelled"
+        _close_channel(self.channel)
+
+    def _on_channel_closed(self, generation: int, _channel: Any, reason: Any) -> None:
+        if generation != self.generation:
+            return
+        label = self._close_reason or "channel_closed"
+        self.forget_channel()
+        connection = self._shared.connection()
+        if self._shared.stopping.is_set() or connection is None or not connection.is_open:
+            return  # shutdown, or the connection's own close handles the rebuild
+        self._shared.metrics.reconnects.labels(label).inc()
+        delay = self._shared.reconnect.wait(self._failures)
+        self._failures += 1
+        log.warning(
+            "channel closed",
+            binding=self.name,
+            reason=label,
+            detail=describe_error(reason),
+            retry_in_s=round(delay, 3),
+        )
+        connection.ioloop.call_later(delay, partial(self.open, connection))
+
+    def forget_channel(self) -> None:
+        was_consuming = bool(self.consumer_tags)
+        self.channel, self.consumer_tags, self._close_reason = None, [], None
+        # Its deliveries still running are the closed channel's now: they keep
+        # their slots (``_in_flight``) but no longer count as this channel's.
+        self.ready, self._prefetch, self._current = False, 0, 0
+        self._shared.metrics.consumer_up.labels(self.name).set(0)
+        if was_consuming:
+            log.info("consumer detached", binding=self.name)
+
+    # ----------------------------------------------------------------- consumers
+
+    def fill(self) -> None:
+        """Consume with whatever room the binding's in-flight bound leaves.
+
+        A consumer's prefetch is fixed when it starts (per-consumer qos), so room
+        that frees up later is taken by another consumer on the same channel. The
+        first takes ``parallelism`` minus the closed channels' deliveries still
+        running (at least one must be free); more are added as those finish, a
+        quarter of ``parallelism`` at a time or the rest once they are all done:
+        a handful of consumers per channel at most, never a slot left idle long.
+        """
+        channel = self.channel
+        if not self.ready or channel is None or not channel.is_open:
+            return
+        if self._shared.stopping.is_set():
+            return
+        orphans = self._in_flight - self._current
+        room = self.settings.workers - orphans - self._prefetch
+        step = max(1, self.settings.workers // 4)
+        if room < 1 or (self._prefetch and orphans and room < step):
+            return
+        self._prefetch += room
+        generation = self.generation
+        # Per consumer (global_qos=False): a global qos on a quorum queue closes
+        # the connection. ordered: workers is 1, which keeps queue order,
+        # retries included.
+        channel.basic_qos(
+            prefetch_count=room,
+            callback=lambda _frame: self._consume(channel, generation),
+        )
+
+    def _consume(self, channel: Any, generation: int) -> None:
+        if self._shared.stopping.is_set() or generation != self.generation:
+            return  # shutdown, or the channel went while this consumer was being set up
+        channel.basic_consume(
+            self.settings.queue,
+            on_message_callback=partial(self._on_message, generation),
+            callback=lambda frame: self._on_consuming(generation, frame.method.consumer_tag),
+        )
+
+    def _on_consuming(self, generation: int, tag: str) -> None:
+        if generation != self.generation:
+            return
+        self.consumer_tags.append(tag)
+        self._failures = 0
+        self._shared.metrics.consumer_up.labels(self.name).set(1)
+        log.info(
+            "consumer attached",
+            binding=self.name,
+            queue=self.settings.queue,
+            prefetch=self._prefetch,
+        )
+
+    def cancel(self) -> None:
+        """Stop consuming (shutdown): no new message arrives on this channel."""
+        if self.channel is not None and self.channel.is_open and self.consumer_tags:
+            for tag in self.consumer_tags:
+                self.channel.basic_cancel(tag)
+            self.consumer_tags = []
+            self._shared.metrics.consumer_up.labels(self.name).set(0)
+            log.info("consumer cancelled", binding=self.name)
+
+    def _on_message(
+        self, generation: int, _channel: Any, method: Any, props: Any, body: bytes
+    ) -> None:
+        self._in_flight += 1
+        self._current += 1
+        tag = method.delivery_tag
+        unreadable = amqp_properties.unreadable(props)
+        if unreadable is not None:
+            log.warning(
+                "message properties pika could not decode: it will be dead-lettered",
+                binding=self.name,
+                delivery_tag=tag,
+                error=unreadable.error,
+            )
+        try:
+            message = amqp_message(body, props)
+        except Exception as e:
+            # Raised here (pika's callback) it would abort the connection just as
+            # a decode failure does, and meet this message again on the next one.
+            log.exception("message properties could not be read", binding=self.name)
+            message = AmqpMessage(body, {})
+            unreadable = Unreadable(f"{type(e).__name__}: {e}", b"")
+        received = Received(generation, tag, bool(method.redelivered), message, unreadable)
+        self._shared.receive(self.name, received)
+
+    # ----------------------------------------------------------------- verdicts
+
+    def apply(self, verdict: Verdict) -> None:
+        """Send ``verdict`` on the channel its message arrived on, if that is this
+        one; call ``fill`` after a batch (the slot is free either way)."""
+        self._in_flight -= 1
+        channel = self.channel
+        current = channel is not None and verdict.received.generation == self.generation
+        if current:
+            self._current -= 1
+        if verdict.action is Action.LEAVE:
+            return  # nothing to send: the broker redelivers it
+        if not current or not channel.is_open:
+            self._count_stale()
+            return
+        try:
+            # One verdict per delivery, never `multiple`: one ack must not settle others.
+            if verdict.action is Action.ACK:
+                channel.basic_ack(verdict.received.tag, multiple=False)
+            elif verdict.action is Action.REQUEUE:
+                channel.basic_nack(verdict.received.tag, multiple=False, requeue=True)
+            else:
+                channel.basic_reject(verdict.received.tag, requeue=False)
+        except pika.exceptions.AMQPError:
+            self._count_stale()
+
+    def _count_stale(self) -> None:
+        self._shared.metrics.stale_acks.labels(self.name).inc()
+
+
+def _close_channel(channel: Any) -> None:
+    with contextlib.suppress(pika.exceptions.AMQPError):
+        channel.close()
