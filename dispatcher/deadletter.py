@@ -13,7 +13,7 @@ import base64
 from dataclasses import dataclass
 
 from dispatcher import http_form
-from dispatcher.config import DeadLetterSettings, redact_url
+from dispatcher.config import ContentMode, DeadLetterSettings, redact_url
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
 from dispatcher.seams import ConfirmingPublisher, Result, Target, status_field
@@ -67,7 +67,7 @@ class DeadLetterer:
         self,
         settings: DeadLetterSettings,
         destination: str,
-        content_mode: str,
+        content_mode: ContentMode,
         sink: Target | None,
         publisher: ConfirmingPublisher | None,
         publish_timeout: float,

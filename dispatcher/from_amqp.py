@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
+from dispatcher.config import NonCloudEvent
 from dispatcher.errors import EventError, NotACloudEvent
 from dispatcher.events import (
     SPECVERSION,
@@ -106,7 +107,7 @@ def _optional_text(value: str | bytes | None) -> str | None:
 
 
 def read(
-    message: AmqpMessage, vhost: str, queue: str, non_cloudevent: str = "wrap"
+    message: AmqpMessage, vhost: str, queue: str, non_cloudevent: NonCloudEvent = "wrap"
 ) -> tuple[Event, str | None]:
     """The event a message carries, or a wrapped stand-in and why it cannot be delivered.
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import quote, unquote
 
+from dispatcher.config import ContentMode
 from dispatcher.events import (
     STRUCTURED_CONTENT_TYPE,
     Event,
@@ -35,7 +36,9 @@ _NEEDS_QUOTING: Final = re.compile("[^" + re.escape(_HTTP_SAFE) + "]")
 # --------------------------------------------------------------------- Event -> HTTP
 
 
-def to_http(event: Event, mode: str, trace: Mapping[str, str] | None = None) -> HttpRequestParts:
+def to_http(
+    event: Event, mode: ContentMode, trace: Mapping[str, str] | None = None
+) -> HttpRequestParts:
     """The request for a subscriber, in ``binary`` or ``structured`` content mode."""
     headers = dict(trace or {})
     if mode == "structured":

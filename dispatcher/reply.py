@@ -5,7 +5,7 @@ or ``reply.url``.
 from __future__ import annotations
 
 from dispatcher import http_form
-from dispatcher.config import ReplySettings
+from dispatcher.config import ContentMode, ReplySettings
 from dispatcher.events import Event
 from dispatcher.seams import ConfirmingPublisher, Result, Target, status_field
 
@@ -14,7 +14,7 @@ class Replier:
     def __init__(
         self,
         settings: ReplySettings,
-        content_mode: str,
+        content_mode: ContentMode,
         target: Target | None,
         publisher: ConfirmingPublisher | None,
         publish_timeout: float,

@@ -13,7 +13,11 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    # Only a type: config's parsers import this module's defaults.
+    from dispatcher.config import BackoffPolicy
 
 # ``delivery.retry_on`` when the config says nothing: Knative's and our table.
 DEFAULT_RETRY_ON: Final[tuple[int | str, ...]] = (404, 408, 409, 429, "5xx")
@@ -63,7 +67,7 @@ def classify(status: int | None, retried: frozenset[int] = DEFAULT_RETRIED) -> D
 class Backoff:
     """Knative's DeliverySpec backoff: ``delay * 2**n`` or ``delay * (n + 1)``, capped."""
 
-    policy: str  # "exponential" | "linear"
+    policy: BackoffPolicy
     delay: float
     maximum: float
     rng: Callable[[], float] = random.random
