@@ -36,7 +36,8 @@ from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler, longest_attempt
-from dispatcher.http.client import Endpoint, HttpClient, endpoint, tls_context
+from dispatcher.http.client import HttpClient, tls_context
+from dispatcher.http.endpoint import Endpoint, endpoint
 from dispatcher.http.server import OpsServer
 from dispatcher.http.target import HttpTarget
 from dispatcher.logs import get_logger

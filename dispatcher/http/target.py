@@ -19,7 +19,8 @@ from typing import Final
 from dispatcher.bearer import BearerToken
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
-from dispatcher.http.client import Endpoint, HttpClient, Reading, request_headers
+from dispatcher.http.client import HttpClient, Reading, request_headers
+from dispatcher.http.endpoint import Endpoint
 from dispatcher.retry import Backoff, Decision, classify, retried_statuses
 from dispatcher.seams import Outcome, Result
 from dispatcher.waits import Waits

@@ -53,7 +53,8 @@ HEADERS = payload.http_headers("bench-http-engines")
 
 
 def _dispatcher(url: str, total: int, concurrency: int) -> None:
-    from dispatcher.http.client import Endpoint, HttpClient, Reading, request_headers
+    from dispatcher.http.client import HttpClient, Reading, request_headers
+    from dispatcher.http.endpoint import Endpoint
     from dispatcher.loop import Loop
 
     loop = Loop()

@@ -14,7 +14,8 @@ import pytest
 
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
-from dispatcher.http.client import Endpoint, HttpClient
+from dispatcher.http.client import HttpClient
+from dispatcher.http.endpoint import Endpoint
 from dispatcher.http.target import ERROR_BODY_LIMIT, HttpTarget
 from dispatcher.loop import Loop
 from dispatcher.seams import Outcome, Result

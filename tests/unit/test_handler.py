@@ -13,7 +13,7 @@ from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import Claim
 from dispatcher.events import AmqpMessage
 from dispatcher.handler import Action, Handler, Received
-from dispatcher.http.client import Endpoint
+from dispatcher.http.endpoint import Endpoint
 from dispatcher.http.target import HttpTarget
 from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
