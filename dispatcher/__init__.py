@@ -1,23 +1,35 @@
 """dispatcher: deliver RabbitMQ messages as CloudEvents over HTTP.
 
-Module map (one concept each):
+The core, flat modules that decide what happens to a message and never import
+pika, libcurl or redis (``tests/unit/test_boundaries.py`` holds them to it):
 
-- ``config``      YAML + environment -> frozen ``Settings``; every error names its key.
-- ``events``      AMQP message <-> ``Event`` <-> HTTP request/response (the CloudEvent mapping).
-- ``retry``       when to retry an HTTP status and how long to wait (backoff, Retry-After cap).
-- ``delivery``    HTTP attempts against one URL, per-attempt timeout and overall deadline.
+- ``events``      the ``Event`` and its validation, the JSON event format.
+- ``from_amqp``   where a message becomes a CloudEvent (or a wrapped stand-in).
+- ``http_form``   an event as an HTTP request, and a reply read from a response.
+- ``handler``     one message from receipt to its ``Action``: **where acks are decided**.
+- ``retry``       which answers are retried and how long to wait.
+- ``dedupe``      duplicate suppression of redeliveries (memory, then the shared store).
 - ``deadletter``  what a dead-lettered event looks like and where it is sent.
 - ``reply``       where a subscriber's reply event goes.
-- ``dedupe``      duplicate suppression of redeliveries.
-- ``handler``     one message from delivery to its verdict: **where acks are decided**.
-- ``engine``      the thread that runs every delivery, and the batches to and from ``broker``.
-- ``loop``        the engine's event loop: futures, tasks, timers, interruptible waits.
-- ``httpclient``  HTTP through libcurl's multi interface on that loop.
-- ``broker``      the connection supervisor: owns pika, consumes, applies verdicts.
-- ``publisher``   one long-lived confirm channel for dead letters and replies.
-- ``confirm_window``  publishes in flight matched to confirms and returns (also ``replay``).
-- ``metrics``, ``logs``  the operations interface, named as PRODUCT.md says.
-- ``service``     wires the above together; ``cli`` parses commands.
+- ``filters``     a binding's Trigger filters, compiled once.
+- ``bearer``      the bearer token file, re-read when it changes.
+- ``engine``      the thread that runs every delivery; verdicts back in batches.
+- ``loop``, ``waits``  the engine's event loop, and the waits shutdown ends.
+- ``seams``       the Protocols the core sees the outside through, and their values.
+
+The sides and the rest:
+
+- ``broker/``     pika: the supervisor, each binding's consumer, connection
+  parameters and node rotation, the one publishing design (``confirm_link``).
+- ``http/``       libcurl: the client engine, endpoints, the retrying target; the ops server.
+- ``redis_claims``  the shared dedupe store's client (redis-py).
+- ``config/``     settings data, its sources (file, environment, Knative), validation,
+  value parsers and the rendering ``check`` prints.
+- ``pipeline/``   the PySpark jobs: archive, report, replay.
+- ``service``     wires it all together; ``cli`` parses commands; ``signals``,
+  ``logs``, ``metrics``, ``errors`` (the one error tree).
+
+``docs/design.md`` tells how they work together.
 """
 
 __version__ = "0.1.0"
