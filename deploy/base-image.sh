@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Makes a local Python 3.11 base image for machines that cannot pull one
-# (ENGINEERING.md): Debian bookworm via debootstrap (its python3 is 3.11),
+# Makes a local Python 3.11 base image for machines that cannot pull one:
+# Debian bookworm via debootstrap (its python3 is 3.11),
 # with a venv on PATH as `python` so `python -m pip` works despite PEP 668.
 # Usage: deploy/base-image.sh ENGINE TAG   e.g. podman localhost/python:3.11-bookworm
 set -euo pipefail

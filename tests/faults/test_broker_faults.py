@@ -1,4 +1,4 @@
-"""Field failures reproduced on a disposable RabbitMQ node (FIELD-NOTES.md, issue 3).
+"""Field failures reproduced on a disposable RabbitMQ node (docs/failure-modes.md lists them).
 
 Each test fails on a naive consumer: one that stops consuming after a
 reconnect, acks across channel generations, blocks heartbeats on HTTP work,

@@ -1,5 +1,5 @@
 """Two `dispatcher run` processes on one queue: the shared store is what stops the
-duplicate a redelivery to the other replica would be (FIELD-NOTES failure 7).
+duplicate a redelivery to the other replica would be (docs/failure-modes.md).
 
 Both replicas consume from the start; the one the broker gave the message to
 (its requests carry ``X-Replica``) is the one whose connection is cut, through

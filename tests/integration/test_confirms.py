@@ -123,7 +123,7 @@ def test_an_unreachable_broker_fails_every_record_within_the_bound() -> None:
 
 
 def test_a_dead_first_node_leads_straight_to_the_next(queue: str) -> None:
-    # A cluster's nodes (FIELD-NOTES failure 8): the first refuses, the second takes
+    # A cluster's nodes: the first refuses, the second takes
     # everything, and nobody waited in between (a backoff is for a whole failed round).
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))

@@ -93,7 +93,7 @@ REPLY = {"ce-specversion": "1.0", "ce-id": "r", "ce-source": "/r", "ce-type": "t
 def test_shutdown_during_a_reply_retry_leaves_the_message_not_rejected(
     make_subscriber, run_service
 ):
-    """PRODUCT.md: at shutdown the rest is left unacked, not dead-lettered (review defect 2)."""
+    """The contract: at shutdown the rest is left unacked, not dead-lettered (review defect 2)."""
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
     ingress = make_subscriber(lambda _r, _i: Reply(503))
     dlx, dlq = broker.declare_fanout_with_queue()
@@ -128,7 +128,7 @@ def test_a_large_plain_answer_with_reply_configured_is_just_delivered(make_subsc
 
 
 def test_publisher_keeps_one_connection_across_channel_errors(make_subscriber, run_service):
-    """A 404 exchange closes the channel, not the connection (review defect 3, FIELD-NOTES 4)."""
+    """A 404 exchange closes the channel, not the connection (review defect 3)."""
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
     svc = run_service(sub.url, reply={"exchange": broker.unique("missing")})
     publish(svc.queue, headers=event_headers("p-1"))

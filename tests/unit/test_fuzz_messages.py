@@ -1,6 +1,6 @@
 """Bad-input campaign, message reading: hypothesis generates AMQP messages.
 
-The promise (PRODUCT.md, "Bad input never crashes or blocks the queue"): a
+The promise ("bad input never crashes or blocks the queue"): a
 message that cannot be read becomes a dead letter with a reason. Here that
 means, for every generated message:
 
