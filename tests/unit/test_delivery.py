@@ -81,7 +81,7 @@ def test_non_retryable_fails_at_once(client, make_subscriber):
     assert (outcome.result, outcome.attempts, outcome.last.status) == (Result.FAILED, 1, 302)
 
 
-def test_per_attempt_timeout_is_retried_as_minus_one(client, make_subscriber):
+def test_per_attempt_timeout_is_retried_as_no_status(client, make_subscriber):
     sub = make_subscriber(lambda _r, i: Reply(200, delay=2.0) if i == 0 else Reply(200))
     started = time.monotonic()
     outcome = client.send(target(client, sub.url, timeout=0.3))
@@ -122,7 +122,7 @@ def test_slow_drip_body_is_cut_at_the_attempt_budget(client):
     assert elapsed < 1.5
 
 
-def test_connection_refused_is_retried_as_minus_one(client):
+def test_connection_refused_is_retried_as_no_status(client):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
