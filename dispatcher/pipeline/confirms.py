@@ -129,6 +129,8 @@ class ConfirmedPublisher:
             confirmed_before = self.result.published + self.result.failed
             node = self._rotation.next()  # the node after the one used last
             self.result.connections += 1
+            # A rate timer still pending died with the last connection's loop.
+            self._pump_scheduled = False
             self._link.serve(node)
             progressed = self.result.published + self.result.failed > confirmed_before
             if progressed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 import pika
 import pytest
 
-from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing
+from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
 from tests.support import broker
 from tests.support.proxy import FaultProxy
 
@@ -160,6 +161,34 @@ def test_rate_limit_keeps_one_timer_whatever_the_confirms(queue: str) -> None:
     # One timer per wait at most: ~200 here. Re-arming on every confirm made it
     # grow with the square of the records.
     assert len(fired) <= 260, len(fired)
+
+
+def test_a_connection_cut_while_rate_limited_goes_on_publishing(queue: str) -> None:
+    """A pending rate timer dies with its connection: the next connection must
+    pump again, not wait forever for a timer that will never fire."""
+    proxy = FaultProxy(5672)
+    sent = records(60)
+
+    def source() -> Iterator[Outgoing]:
+        for n, record in enumerate(sent):
+            if n == 30:
+                proxy.reset_all()  # between two rate-limited publishes
+            yield record
+
+    results: list[PublishResult] = []
+    publisher = ConfirmedPublisher([params(proxy.url)], "", queue, rate=50)
+    worker = threading.Thread(
+        target=lambda: results.append(publisher.publish(source())), daemon=True
+    )
+    try:
+        worker.start()
+        worker.join(60)  # 60 records at 50/s take ~1.2 s; a stalled publisher never ends
+        assert not worker.is_alive(), "the publisher stalled after the reconnect"
+    finally:
+        proxy.close()
+    [result] = results
+    assert (result.published, result.failed, result.connections) == (60, 0, 2)
+    assert {i for i, _ in drain(queue)} == {r.key[1] for r in sent}
 
 
 def test_a_record_that_cannot_be_encoded_fails_alone(queue: str) -> None:
