@@ -11,11 +11,15 @@ which needs an ``ssl.SSLContext``) has its own test below.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pika
+import pytest
+import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from dispatcher import cli
 from dispatcher.config import amqp
 from tests.support.fuzz import fuzz_settings
 
@@ -171,3 +175,43 @@ def test_ssl_options_naming_ca_files_are_left_to_pika() -> None:
     url = "amqp://h/?ssl_options={'cafile': '/nonexistent/ca.pem'}"
     assert our_reading(url) == ("accepted", "/")
     assert pika_reading(url)[0] is FileNotFoundError
+
+
+@pytest.mark.parametrize(
+    ("options", "pika_says"),
+    [
+        ("{'cafile': '/nonexistent/ca.pem'}", "No such file or directory"),
+        ("{'protocol': 16}", "cafile, capath and cadata cannot be all omitted"),
+        ("{'protocol': 'x'}", "cannot be interpreted as an integer"),
+    ],
+)
+def test_the_command_line_refuses_what_only_pika_can_read(
+    options: str, pika_says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the configuration leaves to pika is read by the broker side before
+    anything starts, `check` included: a config error naming the key (exit 2),
+    not a crash at connect time."""
+    url = f"amqp://guest:secret@localhost:5672/%2F?ssl_options={options}"
+    assert our_reading(url) == ("accepted", "/")
+    config = tmp_path / "dispatcher.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "broker": {"url": url},
+                "bindings": [{"name": "b", "queue": "q", "subscriber": "http://127.0.0.1:9/"}],
+            }
+        )
+    )
+    for command in ("check", "archive"):
+        extra = ["--queue", "q", "--out", str(tmp_path / "out")] if command == "archive" else []
+        assert cli.main([command, "--config", str(config), *extra]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("dispatcher: broker.url: invalid connection parameter in ")
+        assert pika_says in error and "secret" not in error
+
+
+def test_only_an_ssl_options_mapping_is_left_to_pika() -> None:
+    """The usual URL is checked by the configuration alone."""
+    assert not amqp.reads_tls_files("amqps://h/")
+    assert not amqp.reads_tls_files("amqp://h/?heartbeat=30")
+    assert amqp.reads_tls_files("amqp://h/?ssl_options={'cafile': '/x'}")
