@@ -194,7 +194,9 @@ class SharedDedupe:
             held_elsewhere = True
             left = deadline - self._waits.time()
             if left <= 0 or not await self._waits.sleep(min(pause, left)):
-                self._local.release(found, False)
+                # Released in the store too: a poll whose answer was lost may
+                # have taken the key for us, and would hold it until its TTL.
+                self.release(found, False)
                 return "busy"
             pause = min(pause * 2, MAX_POLL)
 

@@ -177,6 +177,15 @@ def test_a_store_that_stops_answering_never_lets_a_held_event_be_sent(loop) -> N
     assert len(store.claims) > 2  # it kept asking until the wait ended
 
 
+def test_a_busy_answer_releases_what_a_lost_poll_may_have_claimed(loop) -> None:
+    # Held elsewhere, then polls without an answer: one of them may have been
+    # applied, so the key may be ours now. Busy must not leave it held to its TTL.
+    store = FakeStore(loop, [0, None])
+    assert run(loop, shared_on(loop, store).claim_or_wait(KEY, 0.2)) == "busy"
+    [(key, owner)] = set(store.claims)
+    assert store.settles == [(key, owner, False)]
+
+
 def test_an_unanswered_store_before_any_owner_leaves_memory_in_charge(loop) -> None:
     store = FakeStore(loop, [None])
     found = run(loop, shared_on(loop, store).claim_or_wait(KEY, 5.0))
