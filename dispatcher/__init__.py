@@ -16,6 +16,7 @@ pika, libcurl or redis (``tests/unit/test_boundaries.py`` holds them to it):
 - ``engine``      the thread that runs every delivery; verdicts back in batches.
 - ``loop``, ``waits``  the engine's event loop, and the waits shutdown ends.
 - ``seams``       the Protocols the core sees the outside through, and their values.
+- ``tls``         a TLS context from ``tls`` settings, for pika and for checking curl's files.
 
 The sides and the rest:
 

@@ -36,7 +36,7 @@ from dispatcher.engine import Engine
 from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler, longest_attempt
-from dispatcher.http.client import HttpClient, tls_context
+from dispatcher.http.client import HttpClient
 from dispatcher.http.endpoint import Endpoint, endpoint
 from dispatcher.http.server import OpsServer
 from dispatcher.http.target import HttpTarget
@@ -44,6 +44,7 @@ from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.reply import Replier
 from dispatcher.seams import Dedupe
+from dispatcher.tls import tls_context
 
 if TYPE_CHECKING:
     from dispatcher.redis_claims import RedisClaims

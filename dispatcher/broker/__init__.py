@@ -5,7 +5,7 @@
 - ``consumer``: one binding's channel: generations, prefetch room, applying
   verdicts to the channel generation a message arrived on.
 - ``params``: connection parameters for each broker node, the rotation over
-  them, TLS contexts, and how pika's errors are described.
+  them, and how pika's errors are described.
 - ``confirm_link``: the one publishing design: a connection with a confirm
   channel, the window of unconfirmed publishes, returns, loss handling.
 - ``publisher``: the service's publisher (dead letters, replies) on it; the

@@ -19,7 +19,6 @@ its URL, which may hold a password.
 from __future__ import annotations
 
 import random
-import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +27,12 @@ import pika
 import pika.exceptions
 
 from dispatcher.broker import amqp_properties
-from dispatcher.config import BrokerSettings, TlsSettings, amqp, redact_url
+from dispatcher.config import BrokerSettings, amqp, redact_url
 from dispatcher.config.redaction import show
 from dispatcher.errors import ConfigError
 from dispatcher.logs import get_logger
 from dispatcher.retry import Backoff
+from dispatcher.tls import tls_context
 
 log = get_logger()
 
@@ -106,15 +106,6 @@ def connection_parameters(
     if params.ssl_options is not None or url.lower().startswith("amqps://"):
         params.ssl_options = pika.SSLOptions(tls_context(broker.tls), params.host)
     return params
-
-
-def tls_context(tls: TlsSettings) -> ssl.SSLContext:
-    """The context pika wraps an amqps connection in: these CAs (else the
-    system's) and this client certificate."""
-    context = ssl.create_default_context(cafile=tls.ca_file)
-    if tls.cert_file:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
-    return context
 
 
 # Connects of many dispatchers after one outage must not arrive in lock-step.

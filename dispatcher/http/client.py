@@ -164,16 +164,6 @@ def _easy_handle(endpoint: Endpoint) -> pycurl.Curl:
     return curl
 
 
-def tls_context(tls: TlsSettings) -> ssl.SSLContext:
-    """Python's reading of the files curl will load: these CAs (else the system's)
-    and this client certificate. The service builds one per binding at start, so
-    a file that cannot be loaded is refused there, naming its key."""
-    context = ssl.create_default_context(cafile=tls.ca_file)
-    if tls.cert_file:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
-    return context
-
-
 def _set_tls(curl: pycurl.Curl, tls: TlsSettings) -> None:
     if tls.ca_file:
         curl.setopt(pycurl.CAINFO, tls.ca_file)
