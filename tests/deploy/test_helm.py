@@ -538,27 +538,25 @@ def test_schema_rejects_bad_values(
 
 
 @pytest.mark.parametrize("skip_schema", [False, True], ids=["with-schema", "template-alone"])
-def test_broker_url_in_values_is_refused(skip_schema: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("section", "key", "value", "secret"),
+    [
+        ("broker", "url", DUMMY_BROKER_URL, "brokerSecret"),
+        ("dedupe", "store", DUMMY_STORE_URL, "dedupeStoreSecret"),
+        ("dedupe", "store", "", "dedupeStoreSecret"),
+    ],
+    ids=["broker.url", "dedupe.store", "dedupe.store-empty"],
+)
+def test_a_url_with_a_password_in_values_is_refused(
+    skip_schema: bool, section: str, key: str, value: str, secret: str, tmp_path: Path
+) -> None:
     file = tmp_path / "values.yaml"
-    file.write_text(yaml.safe_dump({"config": {"broker": {"url": DUMMY_BROKER_URL}}}))
+    file.write_text(yaml.safe_dump({"config": {section: {key: value}}}))
     extra = ["--skip-schema-validation"] if skip_schema else []
     result = helm_template("dispatcher", "--values", file, *extra)
     assert result.returncode != 0, result.stdout
-    assert "config.broker.url must not be set" in result.stderr
-    assert "brokerSecret" in result.stderr
-    assert "not-a-secret" not in result.stderr + result.stdout
-
-
-@pytest.mark.parametrize("skip_schema", [False, True], ids=["with-schema", "template-alone"])
-@pytest.mark.parametrize("store", [DUMMY_STORE_URL, ""])
-def test_dedupe_store_in_values_is_refused(skip_schema: bool, store: str, tmp_path: Path) -> None:
-    file = tmp_path / "values.yaml"
-    file.write_text(yaml.safe_dump({"config": {"dedupe": {"store": store}}}))
-    extra = ["--skip-schema-validation"] if skip_schema else []
-    result = helm_template("dispatcher", "--values", file, *extra)
-    assert result.returncode != 0, result.stdout
-    assert "config.dedupe.store must not be set" in result.stderr
-    assert "dedupeStoreSecret" in result.stderr
+    assert f"config.{section}.{key} must not be set" in result.stderr
+    assert secret in result.stderr
     assert "not-a-secret" not in result.stderr + result.stdout
 
 
