@@ -27,6 +27,7 @@ The sides and the rest:
 - ``config/``     settings data, its sources (file, environment, Knative), validation,
   value parsers and the rendering ``check`` prints.
 - ``pipeline/``   the PySpark jobs: archive, report, replay.
+- ``preflight``   what ``check`` reads with pika, ssl and redis-py before anything starts.
 - ``service``     wires it all together; ``cli`` parses commands; ``signals``,
   ``logs``, ``metrics``, ``errors`` (the one error tree).
 

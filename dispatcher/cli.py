@@ -20,11 +20,10 @@ from typing import Any
 
 from dateutil.parser import isoparse
 
-from dispatcher import __version__
+from dispatcher import __version__, preflight
 from dispatcher.config import (
     BrokerSettings,
     Settings,
-    amqp,
     load_batch_settings,
     load_settings,
     parse_duration,
@@ -179,24 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("archive", "report", "replay"):
         return _batch(args)
     try:
-        settings = load_settings(args.config, os.environ)
-        _check_tls_options(settings.broker)
+        settings = load_settings(args.config, os.environ, preflight.check_service)
     except ConfigError as e:
         return _error(str(e), EXIT_USAGE)
     if args.command == "check":
         sys.stdout.write(render_effective_config(settings))
         return EXIT_OK
     return _run(settings)
-
-
-def _check_tls_options(broker: BrokerSettings) -> None:
-    """A broker URL whose ``ssl_options`` names CA files or a protocol is read by
-    pika here, before anything starts (the configuration cannot without ``ssl``)."""
-    if not any(amqp.reads_tls_files(url) for url in broker.urls):
-        return  # the usual case: pika stays unloaded for `check`
-    from dispatcher.broker.params import check_tls_options
-
-    check_tls_options(broker, "RABBITMQ_URL" if os.environ.get("RABBITMQ_URL") else "broker.url")
 
 
 # (args, broker settings, the stop request) -> the summary printed on stdout.
@@ -214,9 +202,8 @@ def _batch(args: argparse.Namespace) -> int:
     try:
         # report publishes nothing: a broker setting it cannot use must not stop it.
         sections = ("logging",) if args.command == "report" else ("broker", "logging")
-        settings = load_batch_settings(args.config, os.environ, sections)
-        if "broker" in sections:
-            _check_tls_options(settings.broker)
+        check = preflight.check_batch if "broker" in sections else None
+        settings = load_batch_settings(args.config, os.environ, sections, check)
     except ConfigError as e:
         return _error(str(e), EXIT_USAGE)
     logs.configure(settings.logging.level, settings.logging.format)

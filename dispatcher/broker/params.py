@@ -27,9 +27,7 @@ import pika
 import pika.exceptions
 
 from dispatcher.broker import amqp_properties
-from dispatcher.config import BrokerSettings, amqp, redact_url
-from dispatcher.config.redaction import show
-from dispatcher.errors import ConfigError
+from dispatcher.config import BrokerSettings, redact_url
 from dispatcher.logs import get_logger
 from dispatcher.retry import Backoff
 from dispatcher.tls import tls_context
@@ -62,23 +60,6 @@ def nodes(broker: BrokerSettings, role: str) -> tuple[Node, ...]:
         parameters = connection_parameters(broker, role, url)
         built.append(Node(node_label(parameters), parameters))
     return tuple(built)
-
-
-def check_tls_options(broker: BrokerSettings, key: str = "broker.url") -> None:
-    """Read each URL whose ``ssl_options`` names a protocol or CA files as pika
-    will, at start: the configuration checks every other part of a broker URL
-    without pika, but building that TLS context needs the ``ssl`` module. A
-    refusal is a ``ConfigError`` naming ``key`` (with the node's index when
-    there are several), in the configuration's own words."""
-    urls = broker.urls
-    for index, url in enumerate(urls):
-        if not amqp.reads_tls_files(url):
-            continue
-        try:
-            pika.URLParameters(url)
-        except Exception as e:  # pika raises ValueError, TypeError, OSError or ssl's errors
-            named = key if len(urls) == 1 else f"{key}[{index}]"
-            raise ConfigError(named, f"invalid connection parameter in {show(url)}: {e}") from None
 
 
 def redacted_urls(broker: BrokerSettings) -> str:

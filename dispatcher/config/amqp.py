@@ -12,9 +12,8 @@ does, step by step, raising the exception pika raises with the same message.
 One check needs the ``ssl`` module and is left to pika: an ``ssl_options``
 query value that is a mapping naming CA files, a protocol, a certificate or
 ciphers builds an ``ssl.SSLContext`` from them. Such a mapping is accepted
-here, and ``reads_tls_files`` says so: the command line then has the broker
-side read that URL with pika before anything starts (``check`` included), so
-it is refused with pika's own message, naming the key, all the same. (What
+here; ``dispatcher.preflight`` reads the URL with pika before anything starts
+(``check`` included), so it is refused with pika's own message all the same. (What
 the service connects with is ``broker.tls`` in any case: the broker side
 replaces the URL's TLS context with one built from it.)
 """
@@ -64,17 +63,6 @@ def check_url(url: str) -> None:
                 f"but got {len(values)} values: {values}"
             )
         setter(values[0], secure)
-
-
-def reads_tls_files(url: str) -> bool:
-    """Whether ``url`` (one ``check_url`` accepted) has an ``ssl_options`` mapping
-    that only pika, with the ``ssl`` module, can check: it names a protocol or CA
-    files, from which pika builds an ``ssl.SSLContext``."""
-    values = parse_qs(_parts(url).query).get("ssl_options")
-    if not values:
-        return False
-    options = ast.literal_eval(values[0])
-    return isinstance(options, dict)
 
 
 def _parts(url: str) -> ParseResult:

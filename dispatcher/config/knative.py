@@ -88,6 +88,14 @@ ORIGINS: Mapping[str, str] = {
 }
 
 
+def origins(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """``ORIGINS`` for this environment: the broker URL comes from
+    ``RABBITMQ_URL`` when that is set (it wins over ``RABBIT_URL``)."""
+    if environ.get("RABBITMQ_URL"):
+        return {**ORIGINS, "broker.url": "RABBITMQ_URL"}
+    return ORIGINS
+
+
 def wanted(environ: Mapping[str, str], config_file_exists: bool) -> bool:
     return not config_file_exists and bool(environ.get("QUEUE_NAME"))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -38,24 +38,36 @@ _ENV_OVERRIDES: Final = (
 )
 
 
-def load_settings(path: str | None, environ: Mapping[str, str]) -> Settings:
+def load_settings(
+    path: str | None,
+    environ: Mapping[str, str],
+    preflight: Callable[[Settings], None] | None = None,
+) -> Settings:
     """Read the config file (``path``, else ``$DISPATCHER_CONFIG``, else the default).
 
     With no config file at all and ``QUEUE_NAME`` set, build one binding from
     the Knative dispatcher's variables instead (``knative``).
+
+    ``preflight`` checks the result with the libraries this package does not
+    import (``dispatcher.preflight``: pika, ssl, redis-py); its ConfigErrors
+    name a variable the value came from, like the package's own.
     """
     resolved, named_by = _resolve_config_path(path, environ)
     if named_by == "config" and not path and knative.wanted(environ, os.path.exists(resolved)):
         # raw_config has applied RABBITMQ_URL already (with RABBITMQ_VHOST):
         # applying it again would drop that vhost.
         rest = {k: v for k, v in environ.items() if k != "RABBITMQ_URL"}
-        return settings_from_dict(knative.raw_config(environ), rest, knative.ORIGINS)
+        origins = knative.origins(environ)
+        return settings_from_dict(knative.raw_config(environ), rest, origins, preflight)
     raw = _read_yaml(resolved, named_by)
-    return settings_from_dict(raw, environ)
+    return settings_from_dict(raw, environ, preflight=preflight)
 
 
 def load_batch_settings(
-    path: str | None, environ: Mapping[str, str], sections: tuple[str, ...] = ("broker", "logging")
+    path: str | None,
+    environ: Mapping[str, str],
+    sections: tuple[str, ...] = ("broker", "logging"),
+    preflight: Callable[[BatchSettings], None] | None = None,
 ) -> BatchSettings:
     """The ``broker`` and ``logging`` sections alone, for the batch commands: only
     those of ``sections`` are read and checked (``report`` never connects to a
@@ -73,13 +85,17 @@ def load_batch_settings(
     merged, origins = _apply_env_overrides({name: raw.get(name) for name in sections}, environ)
     wanted = {name: merged[name] for name in sections if name in merged}
     with _blaming_variables(origins):
-        return build(BatchSettings, wanted, "")
+        settings = build(BatchSettings, wanted, "")
+        if preflight is not None:
+            preflight(settings)
+        return settings
 
 
 def settings_from_dict(
     raw: Mapping[str, object],
     environ: Mapping[str, str],
     origins_of_raw: Mapping[str, str] | None = None,
+    preflight: Callable[[Settings], None] | None = None,
 ) -> Settings:
     """Apply the environment overrides to ``raw`` and validate the result.
 
@@ -88,7 +104,10 @@ def settings_from_dict(
     """
     merged, origins = _apply_env_overrides(raw, environ)
     with _blaming_variables({**(origins_of_raw or {}), **origins}):
-        return build(Settings, merged, "")
+        settings = build(Settings, merged, "")
+        if preflight is not None:
+            preflight(settings)
+        return settings
 
 
 @contextmanager

@@ -208,10 +208,3 @@ def test_the_command_line_refuses_what_only_pika_can_read(
         error = capsys.readouterr().err
         assert error.startswith("dispatcher: broker.url: invalid connection parameter in ")
         assert pika_says in error and "secret" not in error
-
-
-def test_only_an_ssl_options_mapping_is_left_to_pika() -> None:
-    """The usual URL is checked by the configuration alone."""
-    assert not amqp.reads_tls_files("amqps://h/")
-    assert not amqp.reads_tls_files("amqp://h/?heartbeat=30")
-    assert amqp.reads_tls_files("amqp://h/?ssl_options={'cafile': '/x'}")
