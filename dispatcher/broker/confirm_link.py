@@ -19,6 +19,12 @@ the exchange does not exist) is reopened on the same connection with backoff
 (``reopen_channel=True``, the service), or ends the connection
 (``reopen_channel=False``, ``replay``, whose exchange was checked at the start).
 
+A connection that stays up but confirms nothing (a quorum queue without a
+majority holds confirms; heartbeats still flow) would hold its unconfirmed
+messages forever. With ``confirm_bound``, a connection that has had messages
+unconfirmed and no confirm for that long is closed: ``serve`` returns, the
+messages are handed back through ``on_lost``, and ``last_error`` says why.
+
 Which node to serve next, and how long to wait, is the owner's loop with
 ``params.Rotation``; ``serve`` says whether the connection opened and how long
 its channel was in use. Every connection's socket, poller and wake-up pipe are
@@ -66,6 +72,7 @@ class ConfirmLink(Generic[T]):
         on_open: Callable[[Any], None] | None = None,
         stopping: threading.Event | None = None,
         role: str | None = None,
+        confirm_bound: float | None = None,
     ) -> None:
         self._on_ready = on_ready
         self._on_settled = on_settled
@@ -85,6 +92,10 @@ class ConfirmLink(Generic[T]):
         self._opened_now = False
         self._used_at: float | None = None  # when this connection's channel got ready
         self._channel_failures = 0
+        self._confirm_bound = confirm_bound
+        # When the window was last empty or last confirmed: the watchdog's clock.
+        self._progress_at = 0.0
+        self._closed_by_us = False  # then ``last_error`` already says why
 
     @property
     def ready(self) -> bool:
@@ -98,6 +109,7 @@ class ConfirmLink(Generic[T]):
         channel got ready, None if it never did)."""
         self._opened_now = False
         self._used_at = None
+        self._closed_by_us = False
         connection = None
         try:
             connection = SelectConnection(
@@ -137,6 +149,8 @@ class ConfirmLink(Generic[T]):
         else why this message cannot be encoded (it fails alone; the channel is
         unharmed). Any other error means the channel broke: it is raised, and the item
         is not in the window. ``key``: what ``returned`` makes of this message."""
+        if not self.window:
+            self._progress_at = time.monotonic()
         # Unconfirmed before it is sent: a loss while sending hands it back.
         tag = self.window.sent(key, item)
         try:
@@ -201,7 +215,8 @@ class ConfirmLink(Generic[T]):
         connection.ioloop.stop()
 
     def _on_connection_closed(self, connection: Any, reason: BaseException, node: Node) -> None:
-        self.last_error = f"connection lost: {reason}"
+        if not self._closed_by_us:
+            self.last_error = f"connection lost: {reason}"
         if self._role is not None and not self._stopping.is_set():
             log.info(
                 f"{self._role} connection closed",
@@ -224,12 +239,29 @@ class ConfirmLink(Generic[T]):
     def _on_confirming(self, channel: Any) -> None:
         if self._used_at is None:
             self._used_at = time.monotonic()
+            if self._confirm_bound is not None:
+                self._watch(self._connection, self._confirm_bound)
         self.channel = channel
         self._on_ready()
 
+    def _watch(self, connection: Any, bound: float) -> None:
+        """Every quarter of ``bound``, while ``connection`` lives: close it when
+        messages have waited ``bound`` with no confirm at all."""
+        if connection is not self._connection or not connection.is_open:
+            return  # its own timer dies with it; the next connection starts another
+        if self.window and time.monotonic() - self._progress_at > bound:
+            self.last_error = f"no confirm from the broker within {bound:g}s"
+            self._closed_by_us = True
+            if self._role is not None:
+                log.warning(f"{self._role}: {self.last_error}; reconnecting")
+            _close(connection)
+            return
+        connection.ioloop.call_later(bound / 4, partial(self._watch, connection, bound))
+
     def _on_channel_closed(self, _channel: Any, reason: Any) -> None:
         self.channel = None
-        self.last_error = f"channel closed: {reason}"
+        if not self._closed_by_us:  # closing the connection ourselves closes it too
+            self.last_error = f"channel closed: {reason}"
         if self._reopen_channel:  # else handed back once the connection has closed
             self._lose(f"channel closed by the broker: {reason}")
         with self._lock:
@@ -237,6 +269,7 @@ class ConfirmLink(Generic[T]):
         if connection is None or not connection.is_open or self._stopping.is_set():
             return
         if not self._reopen_channel:
+            self._closed_by_us = True  # ``last_error`` keeps the channel's reason
             connection.close()
             return
         # The connection is fine: a new channel on it, what the old had in flight failed.
@@ -251,6 +284,7 @@ class ConfirmLink(Generic[T]):
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
         self._channel_failures = 0
+        self._progress_at = time.monotonic()
         acked = isinstance(method, Basic.Ack)
         self._on_settled(self.window.confirmed(method.delivery_tag, method.multiple, acked), acked)
 

@@ -106,6 +106,9 @@ class Publisher:
             on_open=self._on_open,
             stopping=self._stopping,
             role="publisher",
+            # Unconfirmed requests (their futures long answered) must not pile up
+            # on a connection that stopped confirming: as long as a block may last.
+            confirm_bound=broker.blocked_timeout,
         )
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
 

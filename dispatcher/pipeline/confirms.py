@@ -112,6 +112,8 @@ class ConfirmedPublisher:
             on_lost=self._requeue,
             returned=_returned,
             reopen_channel=False,
+            # A live connection that confirms nothing must end for give-up to apply.
+            confirm_bound=give_up_after,
         )
         self._next_slot = 0.0
         self._pump_scheduled = False

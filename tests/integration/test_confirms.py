@@ -191,6 +191,26 @@ def test_a_connection_cut_while_rate_limited_goes_on_publishing(queue: str) -> N
     assert {i for i, _ in drain(queue)} == {r.key[1] for r in sent}
 
 
+def test_a_broker_that_never_confirms_ends_in_give_up_not_a_hang(queue: str) -> None:
+    """The connection stays up (heartbeats flow) but no confirm ever comes: the
+    partition must end within its give-up bound, every record failed, saying why."""
+    proxy = FaultProxy(5672, drop_confirms=True)
+    results: list[PublishResult] = []
+    publisher = ConfirmedPublisher([params(proxy.url)], "", queue, give_up_after=1.0)
+    worker = threading.Thread(
+        target=lambda: results.append(publisher.publish(iter(records(5)))), daemon=True
+    )
+    try:
+        worker.start()
+        worker.join(30)  # give-up after 1 s without a confirm; a hang never ends
+        assert not worker.is_alive(), "the publisher hung on a connection that never confirms"
+    finally:
+        proxy.close()
+    [result] = results
+    assert (result.published, result.failed) == (0, 5)
+    assert result.reasons == {"gave up: no confirm from the broker within 1s": 5}
+
+
 def test_a_record_that_cannot_be_encoded_fails_alone(queue: str) -> None:
     bad = Outgoing(("/tests", "bad"), b"{}", {"x" * 300: "v", "ce-id": "bad"}, None)
     sent = [*records(5, "a"), bad, *records(5, "b")]

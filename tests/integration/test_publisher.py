@@ -17,6 +17,7 @@ from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.loop import Future, Loop
 from tests.support import broker
+from tests.support.proxy import FaultProxy
 
 pytestmark = pytest.mark.broker
 
@@ -111,3 +112,27 @@ def test_a_message_that_cannot_be_encoded_fails_alone(publishing):
     finally:
         with contextlib.suppress(Exception):
             broker.delete([queue], [exchange])
+
+
+def test_a_connection_that_never_confirms_is_replaced_not_kept_forever():
+    """A broker that stays up and confirms nothing (a quorum queue without a
+    majority): the requests are answered at their timeout, and the connection
+    holding them unconfirmed is closed after ``blocked_timeout``, so they do not
+    pile up on it for ever."""
+    proxy = FaultProxy(5672, drop_confirms=True)
+    loop = Loop()
+    publisher = Publisher(BrokerSettings(url=proxy.url, blocked_timeout=1.0), loop)
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    try:
+        publisher.start()
+        futures = [publisher.publish_event(exchange, "", event(n), 0.3) for n in range(50)]
+        reasons = answers(loop, futures)
+        assert reasons == ["no confirm from the broker within 0.3s"] * 50
+        broker.wait_until(
+            lambda: publisher.connections_opened >= 2, message="a new publisher connection"
+        )
+    finally:
+        publisher.close()
+        loop.close()
+        proxy.close()
+        broker.delete([queue], [exchange])

@@ -4,7 +4,9 @@
 firewall that forgot the flow does: no FIN, no RST, just silence.
 ``restore()`` lets new connections through again (black-holed ones stay dead,
 as they would behind such a firewall). ``reset_all()`` closes every proxied
-connection at once.
+connection at once. ``drop_confirms=True`` passes every frame but the broker's
+``basic.ack``: a broker that stays up and never confirms, as a quorum queue
+without a majority does.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import struct
 import threading
 
 
 class FaultProxy:
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, drop_confirms: bool = False) -> None:
         self._target = ("127.0.0.1", target_port)
+        self._drop_confirms = drop_confirms
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -92,6 +96,7 @@ class FaultProxy:
     def _pump(self, pair: tuple[socket.socket, socket.socket, threading.Event]) -> None:
         client, upstream, done = pair
         peers = {client: upstream, upstream: client}
+        downstream = b""  # the broker's bytes not yet a whole frame (drop_confirms)
         try:
             while not done.is_set() and peers:
                 readable, _, _ = select.select(list(peers), [], [], 0.2)
@@ -99,6 +104,10 @@ class FaultProxy:
                     silent = id(pair) in self._holes
                 for sock in readable:
                     data = sock.recv(65536)
+                    if data and sock is upstream and self._drop_confirms:
+                        data, downstream = _without_acks(downstream + data)
+                        if not data:
+                            continue
                     if data and not silent:
                         peers[sock].sendall(data)
                     elif not data and not silent:
@@ -115,3 +124,20 @@ class FaultProxy:
                 for sock in (client, upstream):
                     with contextlib.suppress(OSError):
                         sock.close()
+
+
+_BASIC_ACK = (60, 80)  # AMQP 0-9-1 class and method ids
+
+
+def _without_acks(stream: bytes) -> tuple[bytes, bytes]:
+    """The whole frames of ``stream`` but basic.ack ones, and the incomplete rest."""
+    kept, position = [], 0
+    while len(stream) - position >= 7:
+        kind, _channel, size = struct.unpack_from(">BHI", stream, position)
+        end = position + 8 + size  # header, payload, frame-end octet
+        if end > len(stream):
+            break
+        if not (kind == 1 and struct.unpack_from(">HH", stream, position + 7) == _BASIC_ACK):
+            kept.append(stream[position:end])
+        position = end
+    return b"".join(kept), stream[position:]
