@@ -70,9 +70,6 @@ class Response:
         unless the target asked for them."""
         return parse_head(self._head)
 
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
-
 
 def parse_head(lines: list[bytes]) -> dict[str, str]:
     """The headers of the final response in raw header lines.

@@ -142,14 +142,16 @@ class Service:
                 **options,  # type: ignore[arg-type]
             )
 
+        replier = Replier(
+            binding.reply, binding.content_mode, target(urls.reply), self.publisher, publish_timeout
+        )
+        # Answers are read whole exactly when the handler will look for a reply
+        # in them: one decision, the replier's.
         subscriber = target(
-            urls.subscriber,
-            observe=metrics.observe_attempt,
-            read_reply=binding.reply.url is not None or binding.reply.exchange is not None,
+            urls.subscriber, observe=metrics.observe_attempt, read_reply=replier.enabled
         )
         assert subscriber is not None
         sink = target(urls.sink)
-        reply_target = target(urls.reply)
         handler = Handler(
             binding,
             vhost,
@@ -162,9 +164,7 @@ class Service:
                 self.publisher,
                 publish_timeout,
             ),
-            Replier(
-                binding.reply, binding.content_mode, reply_target, self.publisher, publish_timeout
-            ),
+            replier,
             self._dedupe(binding, longest_attempt(binding, subscriber)),
             metrics,
             engine.waits,

@@ -66,7 +66,6 @@ class _Transfer:
         "aborted",
         "body",
         "curl",
-        "endpoint",
         "future",
         "head",
         "idle",
@@ -80,7 +79,6 @@ class _Transfer:
     )
 
     def __init__(self, endpoint: Endpoint, multi: _Multi, idle: list[_Transfer]) -> None:
-        self.endpoint = endpoint
         self.multi = multi
         self.idle = idle  # its endpoint's handles waiting for a request
         self.head: list[bytes] = []

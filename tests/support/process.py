@@ -144,8 +144,14 @@ class DispatcherProcess:
             return e.code, e.headers.get("content-type", ""), e.read().decode()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        """Signal the service and wait for its exit code; one that does not exit in
+        time is killed (never left running after the test) and the wait raises."""
         self.popen.send_signal(sig)
-        return self.popen.wait(timeout)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         if self.popen.poll() is None:
