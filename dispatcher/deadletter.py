@@ -94,6 +94,8 @@ class DeadLetterer:
         outcome = await sink.send(http_form.to_http(letter, self._mode))
         if outcome.result is Result.DELIVERED:
             return True
+        if outcome.result is Result.ABANDONED:
+            return False  # shutdown ended its retry wait: the message is left, not refused
         log.warning(
             "dead-letter sink refused",
             ce_id=letter.id,

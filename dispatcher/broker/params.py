@@ -27,7 +27,7 @@ import pika
 import pika.exceptions
 
 from dispatcher.broker import amqp_properties
-from dispatcher.config import BrokerSettings, redact_url
+from dispatcher.config import BrokerSettings, amqp, redact_url
 from dispatcher.logs import get_logger
 from dispatcher.retry import Backoff
 from dispatcher.tls import tls_context
@@ -181,9 +181,9 @@ def describe_error(error: object) -> str:
 
 
 def virtual_host(broker: BrokerSettings) -> str:
-    """The virtual host of the first node (``config`` checks that every node names it)."""
-    vhost: Any = pika.URLParameters(broker.urls[0]).virtual_host
-    return str(vhost)
+    """The virtual host of the first node (``config`` checks that every node names it),
+    read as pika reads it, without building the URL's parameters again."""
+    return amqp.virtual_host(broker.urls[0])
 
 
 def release(connection: Any, bound: float = 5.0) -> None:
