@@ -30,10 +30,13 @@ CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
 
 
 def code_class(status: int | None) -> str:
-    """No status (timeout, transport error) is ``error``; otherwise the hundreds digit."""
-    if status is not None and 200 <= status < 600:
-        return _CLASSES[status // 100]
-    return "error"
+    """No status (timeout, transport error) is ``error``; a status outside 100-599
+    is ``5xx`` (as ``retry.classify`` counts it); otherwise the hundreds digit."""
+    if status is None:
+        return "error"
+    if not 100 <= status <= 599:
+        return "5xx"
+    return _CLASSES[status // 100]
 
 
 _CLASSES = ("error", "error", "2xx", "3xx", "4xx", "5xx")  # by the hundreds digit

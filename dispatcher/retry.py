@@ -3,7 +3,9 @@
 Which statuses are retried is a binding's ``delivery.retry_on`` (statuses and
 the classes ``4xx``/``5xx``), by default 404, 408, 409, 429 and 5xx. Timeouts and
 connection errors are always retried; any other non-2xx goes to the dead-letter
-path at once; 2xx is success. A ``Retry-After`` is read by libcurl
+path at once; 2xx is success. A status outside 100-599 belongs to no class
+HTTP defines: it counts as 5xx (a 500), as Knative's data plane asks for
+codes it does not list, so it is retried like a server error. A ``Retry-After`` is read by libcurl
 (``Response.retry_after``) and honoured here, capped at ``backoff_max``.
 """
 
@@ -60,6 +62,8 @@ def classify(status: int | None, retried: frozenset[int] = DEFAULT_RETRIED) -> D
         return Decision.RETRY
     if 200 <= status < 300:
         return Decision.SUCCESS
+    if not 100 <= status <= 599:
+        status = 500  # no HTTP class: a server that answers so is broken, as with a 500
     return Decision.RETRY if status in retried else Decision.FAIL
 
 

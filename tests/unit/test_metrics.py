@@ -13,6 +13,18 @@ def test_code_classes():
     ]
 
 
+def test_a_status_outside_every_http_class_counts_as_5xx():
+    """As the retry rule counts it: a broken server, not a transport error."""
+    assert [code_class(s) for s in (600, 999, 99, 0, 599, 100)] == [
+        "5xx",
+        "5xx",
+        "5xx",
+        "5xx",
+        "5xx",
+        "error",
+    ]
+
+
 def test_buckets_include_each_timeout_and_a_bucket_above_the_largest():
     buckets = duration_buckets([7.0, 300.0])
     assert 7.0 in buckets and 300.0 in buckets

@@ -12,7 +12,9 @@ def test_2xx_is_success(status):
     assert classify(status) is Decision.SUCCESS
 
 
-@pytest.mark.parametrize("status", [404, 408, 409, 429, 500, 502, 503, 504, 599, None])
+@pytest.mark.parametrize(
+    "status", [404, 408, 409, 429, 500, 502, 503, 504, 599, 600, 700, 999, 0, 99, None]
+)
 def test_retried_statuses(status):
     assert classify(status) is Decision.RETRY
 
@@ -30,7 +32,11 @@ def test_other_3xx_4xx_fail_at_once(status):
         ((409,), 503, Decision.FAIL),  # 5xx only when listed
         (("5xx",), 503, Decision.RETRY),
         (("5xx",), 409, Decision.FAIL),
-        (("5xx",), 600, Decision.FAIL),  # not an HTTP status: never retried
+        (("5xx",), 600, Decision.RETRY),  # outside every HTTP class: counts as 5xx
+        (("5xx",), 999, Decision.RETRY),
+        (("5xx",), 99, Decision.RETRY),
+        ((503,), 600, Decision.FAIL),  # a 500, and 500 is not listed
+        (("4xx",), 600, Decision.FAIL),
         (("4xx",), 400, Decision.RETRY),
         (("4xx",), 499, Decision.RETRY),
         (("4xx",), 500, Decision.FAIL),
