@@ -24,6 +24,7 @@ from dispatcher import __version__, preflight
 from dispatcher.config import (
     BrokerSettings,
     Settings,
+    advice,
     load_batch_settings,
     load_settings,
     parse_duration,
@@ -183,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(str(e), EXIT_USAGE)
     if args.command == "check":
         sys.stdout.write(render_effective_config(settings))
+        for said in advice(settings):  # valid, so still exit 0
+            sys.stderr.write(f"dispatcher: warning: {said}\n")
         return EXIT_OK
     return _run(settings)
 

@@ -31,6 +31,9 @@ The modules, from the data up:
     overrides, or (``knative``) the Knative dispatcher's variables.
 ``render``
     The effective configuration, as ``dispatcher check`` prints it.
+``advice``
+    Valid settings that are probably a mistake (no dead-letter target), which
+    ``check`` and ``run`` both say.
 ``schema``
     The Helm chart's JSON Schema, generated from ``rules``
     (``python -m dispatcher.config.schema``).
@@ -38,6 +41,7 @@ The modules, from the data up:
 The names below are the package's interface; the rest is for its modules.
 """
 
+from dispatcher.config.advice import Advice, advice
 from dispatcher.config.durations import parse_duration
 from dispatcher.config.redaction import redact_url
 from dispatcher.config.render import effective_config, render_effective_config
@@ -80,6 +84,7 @@ from dispatcher.config.urls import http_url_problem, split_nodes
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
+    "Advice",
     "AttributesFilter",
     "AuthSettings",
     "BackoffPolicy",
@@ -107,6 +112,7 @@ __all__ = [
     "Settings",
     "ShutdownSettings",
     "TlsSettings",
+    "advice",
     "effective_config",
     "http_url_problem",
     "load_batch_settings",

@@ -57,6 +57,26 @@ def test_check_prints_the_effective_config_with_the_password_redacted(tmp_path):
     assert yaml.safe_load(result.stdout)["bindings"][0]["delivery"]["retry"] == 5
 
 
+@pytest.mark.parametrize(
+    ("dead_letter", "warned"),
+    [({}, True), ({"sink": "http://127.0.0.1:1/"}, False), ({"exchange": ""}, False)],
+)
+def test_check_warns_about_a_binding_without_a_dead_letter_target(tmp_path, dead_letter, warned):
+    """Valid (exit 0), but an event that cannot be delivered is then rejected and,
+    without a dead-letter exchange on the queue, lost: check says so on stderr."""
+    path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
+    config = yaml.safe_load(path.read_text())
+    config["bindings"][0]["dead_letter"] = dead_letter
+    path.write_text(yaml.safe_dump(config))
+    result = dispatcher("check", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    warning = (
+        "dispatcher: warning: bindings[0].dead_letter: binding 'cli' has no dead-letter target"
+    )
+    assert (warning in result.stderr) is warned, result.stderr
+    assert yaml.safe_load(result.stdout)["bindings"][0]["name"] == "cli"  # stdout stays YAML
+
+
 def test_check_reads_dispatcher_config_and_rabbitmq_url(tmp_path):
     path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
     result = dispatcher(
