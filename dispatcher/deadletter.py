@@ -4,12 +4,15 @@ The event keeps every attribute and its data, and gains Knative's extensions:
 ``knativeerrordest`` (subscriber URL, password redacted), ``knativeerrorcode``
 (last status or -1) and ``knativeerrordata`` (base64 of the response body, at
 most 1024 characters). When dispatcher itself decided (a malformed message, an
-invalid reply), ``dispatchererror`` says why in words.
+invalid reply), ``dispatchererror`` says why in words. A dead letter carries
+the original message's W3C trace headers, as an HTTP header to the sink and
+an AMQP header on the exchange.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dispatcher import http_form
@@ -81,17 +84,17 @@ class DeadLetterer:
         self._publish_timeout = publish_timeout
         self.has_target = sink is not None or self._exchange is not None
 
-    async def send(self, event: Event, failure: Failure) -> bool:
+    async def send(self, event: Event, failure: Failure, trace: Mapping[str, str]) -> bool:
         letter = dead_letter_event(event, self._destination, failure)
         accepted = False
         if self._sink is not None:
-            accepted |= await self._to_sink(self._sink, letter)
+            accepted |= await self._to_sink(self._sink, letter, trace)
         if self._exchange is not None and self._publisher is not None:
-            accepted |= await self._to_exchange(self._publisher, self._exchange, letter)
+            accepted |= await self._to_exchange(self._publisher, self._exchange, letter, trace)
         return accepted
 
-    async def _to_sink(self, sink: Target, letter: Event) -> bool:
-        outcome = await sink.send(http_form.to_http(letter, self._mode))
+    async def _to_sink(self, sink: Target, letter: Event, trace: Mapping[str, str]) -> bool:
+        outcome = await sink.send(http_form.to_http(letter, self._mode, trace))
         if outcome.result is Result.DELIVERED:
             return True
         if outcome.result is Result.ABANDONED:
@@ -105,10 +108,14 @@ class DeadLetterer:
         return False
 
     async def _to_exchange(
-        self, publisher: ConfirmingPublisher, exchange: str, letter: Event
+        self,
+        publisher: ConfirmingPublisher,
+        exchange: str,
+        letter: Event,
+        trace: Mapping[str, str],
     ) -> bool:
         error = await publisher.publish_event(
-            exchange, self._routing_key, letter, self._publish_timeout
+            exchange, self._routing_key, letter, self._publish_timeout, trace
         )
         if error is not None:
             log.warning(

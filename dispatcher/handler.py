@@ -8,10 +8,17 @@ is settled only once somebody has taken responsibility for its event):
 
 - ACK only after the subscriber's 2xx (and the reply's acceptance, if there is
   a reply to forward), or after a dead-letter target accepted the event;
-- otherwise REJECT (no requeue) when the queue has a dead-letter exchange of
-  its own, else REQUEUE after a backoff;
+- REJECT (no requeue) when the binding has no dead-letter target, as
+  Knative's data plane drops such an event: the queue's own dead-letter
+  exchange, if it has one, takes it, else the broker discards it;
+- REQUEUE when configured dead-letter targets all failed, after a wait that
+  grows each time the same event goes back (``requeues``): never a tight loop;
 - LEAVE the message unacked when shutdown interrupts a wait: the broker
   redelivers it, nothing is dead-lettered on the way out.
+
+A reply that cannot be forwarded fails the attempt that produced it: the
+subscriber gets the event again within its retry budget, then the event is
+dead-lettered (``reply``). A 202 is never a reply (Knative's data plane).
 
 A message whose properties pika could not decode (``Received.unreadable``,
 see ``amqp_properties``) is dead-lettered with the reason and its body, never
@@ -31,8 +38,10 @@ Every final outcome writes exactly one ``event: "delivery"`` log line.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from typing import Any
 
 from dispatcher import from_amqp, http_form, logs
@@ -45,8 +54,9 @@ from dispatcher.filters import Predicate
 from dispatcher.logs import get_logger
 from dispatcher.metrics import BindingMetrics
 from dispatcher.reply import Replier
+from dispatcher.requeues import RequeueCounts
 from dispatcher.retry import Backoff
-from dispatcher.seams import Dedupe, Response, Result, Target, status_field
+from dispatcher.seams import Dedupe, Refusal, Response, Result, Target, status_field
 from dispatcher.waits import Waits
 
 log = get_logger()
@@ -55,7 +65,7 @@ log = get_logger()
 class Action(Enum):
     ACK = "ack"
     REQUEUE = "requeue"  # basic.nack requeue=True
-    REJECT = "reject"  # basic.reject requeue=False: the queue's own dead-letter exchange takes it
+    REJECT = "reject"  # basic.reject requeue=False: the queue's dead-letter exchange, or dropped
     LEAVE = "leave"  # settle nothing; the broker redelivers when the channel closes
 
 
@@ -81,16 +91,11 @@ class _Final:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _ReplyProblem:
-    reason: str
-    invalid: bool  # the reply itself is bad (dead-letter) vs. its target failed (retry later)
-
-
 def longest_attempt(binding: BindingSettings, subscriber: Target) -> float:
     """How long a first attempt may hold its claim: its own deadline plus what may
-    follow it (dead-letter sink, reply URL, each bounded like it; publishes; the
-    requeue wait). A redelivery waits this long at most, and a shared claim
+    follow it (a reply per attempt, one ``timeout`` each, together within one
+    more deadline; the dead-letter sink, bounded like the subscriber; publishes;
+    the requeue wait). A redelivery waits this long at most, and a shared claim
     expires after it, so a dead owner's claim ends."""
     d = binding.delivery
     return 3 * subscriber.deadline_seconds() + 3 * d.timeout + d.backoff_max
@@ -124,9 +129,8 @@ class Handler:
         d = binding.delivery
         self._requeue_backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
         self._dedupe_wait = longest_attempt(binding, subscriber)
-        self._own_dlx = (
-            binding.declare is not None and binding.declare.dead_letter_exchange is not None
-        )
+        # A return's count outlives the wait and the whole next delivery that follows it.
+        self._returns = RequeueCounts(2 * self._dedupe_wait, waits.time)
 
     async def handle(self, received: Received) -> Action:
         started = self._waits.time()
@@ -165,20 +169,25 @@ class Handler:
         finally:
             if claim is not None:
                 self._dedupe.release(claim, settled)
+        if settled:
+            self._returns.settled(event.key)
         self._record(received, event, final, started)
         return final.action
 
     async def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
-        if problem is not None:
-            return await self._give_up(event, Failure(None, reason=problem), attempts=0)
+        trace: Mapping[str, str] = {}
         try:
-            return await self._deliver(event, message)
+            # W3C trace context rides along to the subscriber, replies and dead letters.
+            trace = http_form.trace_headers(message.headers)
+            if problem is not None:
+                return await self._give_up(event, Failure(None, reason=problem), 0, None, trace)
+            return await self._deliver(event, trace)
         except Exception as e:
             # A bug met by this message. Requeueing would meet it again forever;
             # dead-letter it with the reason instead, so the queue moves on.
             self._log.exception("internal error while delivering", ce_id=event.id)
             reason = f"internal error: {type(e).__name__}: {e}"
-            return await self._give_up(event, Failure(None, reason=reason), attempts=0)
+            return await self._give_up(event, Failure(None, reason=reason), 0, None, trace)
 
     async def _backed_off(self, retry_number: int) -> bool:
         """Wait before giving a message back (at once it would come straight back);
@@ -206,63 +215,71 @@ class Handler:
     def _wrapped(self, message: AmqpMessage) -> Event:
         return from_amqp.wrap(message, self._vhost, self._binding.queue)
 
-    async def _deliver(self, event: Event, message: AmqpMessage) -> _Final:
-        request = http_form.to_http(
-            event, self._binding.content_mode, http_form.trace_headers(message.headers)
-        )
-        outcome = await self._subscriber.send(request)
-        last = outcome.last
+    async def _deliver(self, event: Event, trace: Mapping[str, str]) -> _Final:
+        request = http_form.to_http(event, self._binding.content_mode, trace)
+        accept = partial(self._forward_reply, trace) if self._replier.enabled else None
+        outcome = await self._subscriber.send(request, accept)
+        last, refusal = outcome.last, outcome.refusal
         if outcome.result is Result.ABANDONED:
             return _Final(Action.LEAVE, None, outcome.attempts, last.status)
-        if outcome.result is Result.FAILED:
-            return await self._give_up(event, Failure(last.status, last.body), outcome.attempts)
-        problem = await self._forward_reply(last)
-        if problem is None:
+        if outcome.result is Result.DELIVERED:
             return _Final(Action.ACK, "delivered", outcome.attempts, last.status)
-        if problem.invalid:
-            # Bad input from the subscriber: retrying would not fix it.
-            failure = Failure(last.status, last.body, reason=problem.reason)
-            return await self._give_up(event, failure, outcome.attempts)
-        return await self._not_settled(outcome.attempts, last.status, problem.reason)
+        if refusal is None:
+            failure = Failure(last.status, last.body)
+        elif refusal.retry and self._waits.given_up:
+            # Shutdown cut the reply short: not the event's failure. Leave it.
+            return _Final(Action.LEAVE, None, outcome.attempts, last.status, refusal.reason)
+        else:
+            failure = Failure(refusal.status, refusal.body, reason=refusal.reason)
+        return await self._give_up(event, failure, outcome.attempts, last.status, trace)
 
-    async def _forward_reply(self, last: Response) -> _ReplyProblem | None:
-        """None when there is nothing to forward or it was accepted."""
-        if not self._replier.enabled:
-            return None
+    async def _forward_reply(self, trace: Mapping[str, str], last: Response) -> Refusal | None:
+        """Run by the subscriber's target on each 2xx: None when there is nothing to
+        forward or it was accepted."""
+        if last.status == 202:
+            return None  # accepted for later: never a reply (Knative's data plane)
         headers = last.headers
         if not http_form.is_http_cloudevent(headers):
             return None  # a plain answer, however large, is just an answer
         if last.truncated:
             limit = self._binding.max_body_size
-            return _ReplyProblem(f"invalid reply: larger than max_body_size {limit}", True)
+            reason = f"invalid reply: larger than max_body_size {limit}"
+            return Refusal(reason, retry=False, status=last.status, body=last.body)
         try:
             reply = http_form.from_http_response(headers, last.body)
         except EventError as e:
-            return _ReplyProblem(f"invalid reply: {e.reason}", True)
+            # Bad input from the subscriber: another attempt would not fix it.
+            reason = f"invalid reply: {e.reason}"
+            return Refusal(reason, retry=False, status=last.status, body=last.body)
         if reply is None:
             return None
-        refused = await self._replier.send(reply)
-        return None if refused is None else _ReplyProblem(refused, False)
+        return await self._replier.send(reply, trace)
 
-    async def _give_up(self, event: Event, failure: Failure, attempts: int) -> _Final:
-        """Dead-letter; if nobody takes it, reject or requeue: never ack it."""
-        if self._dead_letterer.has_target and await self._dead_letterer.send(event, failure):
-            return _Final(Action.ACK, "dead_lettered", attempts, failure.code, failure.reason)
+    async def _give_up(
+        self,
+        event: Event,
+        failure: Failure,
+        attempts: int,
+        status: int | None,
+        trace: Mapping[str, str],
+    ) -> _Final:
+        """Dead-letter; if there is no target, reject; if every target failed,
+        requeue: never ack it. ``status``: the subscriber's last, for the line."""
+        dead_letterer = self._dead_letterer
+        if dead_letterer.has_target and await dead_letterer.send(event, failure, trace):
+            return _Final(Action.ACK, "dead_lettered", attempts, status, failure.reason)
         reason = failure.reason or "delivery failed"
-        if not self._dead_letterer.has_target:
-            reason += "; no dead-letter target"
-        else:
-            reason += "; every dead-letter target failed"
-        return await self._not_settled(attempts, failure.code, reason)
-
-    async def _not_settled(self, attempts: int, status: int | None, reason: str) -> _Final:
         if self._waits.given_up:
-            # Shutdown cut a dead-letter or reply attempt short: that is not a
-            # failure of the message. Leave it for redelivery.
+            # Shutdown cut a dead-letter attempt short: that is not a failure of
+            # the message. Leave it for redelivery.
             return _Final(Action.LEAVE, None, attempts, status, reason)
-        if self._own_dlx:
+        if not dead_letterer.has_target:
+            # As Knative drops it; the queue's own dead-letter exchange may still catch it.
+            reason += "; no dead-letter target"
             return _Final(Action.REJECT, "rejected", attempts, status, reason)
-        if not await self._backed_off(self._binding.delivery.retry):
+        reason += "; every dead-letter target failed"
+        returned = self._returns.returned(event.key)
+        if not await self._backed_off(self._binding.delivery.retry + returned):
             return _Final(Action.LEAVE, None, attempts, status, reason)
         return _Final(Action.REQUEUE, "requeued", attempts, status, reason)
 
@@ -295,4 +312,6 @@ class Handler:
         if final.reason:
             fields["reason"] = final.reason
         # The counter moves once the line is out: whoever waits on it can rely on the line.
-        self._lines.add(fields, self._metrics.events[final.outcome].inc)
+        # A rejected event may be gone for good (no dead-letter exchange): a warning.
+        level = "warning" if final.outcome == "rejected" else "info"
+        self._lines.add(fields, self._metrics.events[final.outcome].inc, level)

@@ -27,6 +27,9 @@ from dispatcher.events import (
 )
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
+# Sent with every request to a subscriber (not to a sink or reply URL): the
+# Knative data plane's way of saying that a reply event in the answer is read.
+SUBSCRIBER_HEADERS: Final = (("Prefer", "reply"),)
 
 # The CloudEvents HTTP binding (3.1.3.2): printable ASCII except space, '"' and '%'.
 _HTTP_SAFE: Final = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')

@@ -108,16 +108,18 @@ class DeliveryLines:
     renders and writes every kept line, then runs those. The lines of one
     batch share the timestamp of their writing (one loop iteration: within a
     millisecond of each outcome). When the level is above info (structlog then
-    drops the line) or the format is console, lines go through structlog at once.
+    drops the line), the format is console, or the line itself is a warning
+    (a ``rejected`` outcome), it goes through structlog at once.
     """
 
     def __init__(self) -> None:
         self._lines: list[dict[str, Any]] = []
         self._then: list[Callable[[], object]] = []
 
-    def add(self, fields: dict[str, Any], then: Callable[[], object]) -> None:
-        if not _direct.json:
-            get_logger().info("delivery", **fields)
+    def add(self, fields: dict[str, Any], then: Callable[[], object], level: str = "info") -> None:
+        """``level``: ``info``, or ``warning`` for an outcome someone should look at."""
+        if not _direct.json or level != "info":
+            getattr(get_logger(), level)("delivery", **fields)
             then()
             return
         context = structlog.contextvars.get_contextvars()

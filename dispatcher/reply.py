@@ -1,13 +1,21 @@
 """Replies: a CloudEvent in a subscriber's 2xx answer goes to ``reply.exchange``
 or ``reply.url``.
+
+A reply that cannot be forwarded fails the delivery attempt that produced it
+(``seams.Refusal`` with ``retry``): the subscriber gets the event again within
+the binding's retry budget, and after the last attempt the original event is
+dead-lettered, as Knative's data plane requires. So the reply URL gets one
+request per attempt, not a retry loop of its own inside each attempt.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dispatcher import http_form
 from dispatcher.config import ContentMode, ReplySettings
 from dispatcher.events import Event
-from dispatcher.seams import ConfirmingPublisher, Result, Target, status_field
+from dispatcher.seams import ConfirmingPublisher, Refusal, Result, Target, status_field
 
 
 class Replier:
@@ -28,18 +36,20 @@ class Replier:
         self._publish_timeout = publish_timeout
         self.enabled = target is not None or self._exchange is not None
 
-    async def send(self, reply: Event) -> str | None:
-        """Forward the reply; ``None`` when accepted (or nowhere to go), else why not."""
+    async def send(self, reply: Event, trace: Mapping[str, str]) -> Refusal | None:
+        """Forward the reply with the original message's trace headers; ``None`` when
+        accepted (or nowhere to go), else why not."""
         if self._target is not None:
-            outcome = await self._target.send(http_form.to_http(reply, self._mode))
+            outcome = await self._target.send(http_form.to_http(reply, self._mode, trace))
             if outcome.result is Result.DELIVERED:
                 return None
             last = outcome.last
-            return f"reply URL answered {status_field(last.status)} ({last.error or 'HTTP'})"
+            reason = f"reply URL answered {status_field(last.status)} ({last.error or 'HTTP'})"
+            return Refusal(reason, retry=True, status=last.status, body=last.body)
         if self._exchange is not None and self._publisher is not None:
             error = await self._publisher.publish_event(
-                self._exchange, self._routing_key, reply, self._publish_timeout
+                self._exchange, self._routing_key, reply, self._publish_timeout, trace
             )
             if error is not None:
-                return f"reply publish failed: {error}"
+                return Refusal(f"reply publish failed: {error}", retry=True)
         return None

@@ -24,7 +24,7 @@ become ``-1`` (``status_field``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -96,22 +96,50 @@ class Result(Enum):
     ABANDONED = "abandoned"  # shutdown ended a retry wait: leave the message unacked
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a 2xx did not settle a delivery: the reply in it could not be forwarded.
+
+    ``retry``: the attempt failed and the next one may do better (the reply
+    target refused or did not answer); False when no attempt can (the reply
+    itself is invalid). ``status`` and ``body`` are what the dead letter
+    carries: the reply target's answer, or the subscriber's for a bad reply.
+    """
+
+    reason: str
+    retry: bool
+    status: int | None = None
+    body: bytes = b""
+
+
+# Run on a 2xx before it counts as delivered: ``None`` accepts it.
+Accept = Callable[[Response], Awaitable[Refusal | None]]
+
+
 @dataclass(slots=True)
 class Outcome:
-    """How sending to a target ended: the result, the last answer, how many attempts."""
+    """How sending to a target ended: the result, the last answer, how many attempts,
+    and, when the last 2xx was refused by ``accept``, why."""
 
     result: Result
     last: Response
     attempts: int
+    refusal: Refusal | None = None
 
 
 class Target(Protocol):
     """One URL with a retry policy: every attempt, wait and deadline is its own."""
 
-    def send(self, request: HttpRequestParts) -> Awaitable[Outcome]: ...
+    def send(self, request: HttpRequestParts, accept: Accept | None = None) -> Awaitable[Outcome]:
+        """Attempts until a 2xx that ``accept`` accepts, a failure that is not
+        retried, the last retry or the deadline. A 2xx that ``accept`` refuses
+        with ``retry`` is a failed attempt like a 503: the same event is sent again
+        after a backoff, within the same retry budget."""
+        ...
 
     def deadline_seconds(self) -> float:
-        """The longest a ``send`` may take, retries and waits included."""
+        """The longest a ``send`` may take, retries and waits included (and
+        whatever time ``accept`` takes on top: it bounds its own)."""
         ...
 
 
@@ -119,8 +147,16 @@ class ConfirmingPublisher(Protocol):
     """Publishes persistently; the answer is ``None`` once the broker confirmed, else why not."""
 
     def publish_event(
-        self, exchange: str, routing_key: str, event: Event, timeout: float
-    ) -> Awaitable[str | None]: ...
+        self,
+        exchange: str,
+        routing_key: str,
+        event: Event,
+        timeout: float,
+        trace: Mapping[str, str] | None = None,
+    ) -> Awaitable[str | None]:
+        """``trace``: W3C trace headers (``traceparent``, ``tracestate``) the
+        published message carries as AMQP headers."""
+        ...
 
 
 Found = Literal["settled", "busy"]

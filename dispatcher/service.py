@@ -21,15 +21,16 @@ import resource
 import ssl
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
+from dispatcher import http_form
 from dispatcher.bearer import BearerToken
 from dispatcher.broker.params import virtual_host
 from dispatcher.broker.publisher import Publisher
 from dispatcher.broker.supervisor import Supervisor
-from dispatcher.config import BindingSettings, Settings
+from dispatcher.config import BindingSettings, DeliverySettings, Settings, advice
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import MemoryDedupe, SharedDedupe
 from dispatcher.engine import Engine
@@ -128,27 +129,42 @@ class Service:
         publish_timeout = binding.delivery.timeout
         engine = self.engine
 
-        def target(url: Endpoint | None, **options: object) -> HttpTarget | None:
+        def target(
+            url: Endpoint | None,
+            delivery: DeliverySettings = binding.delivery,
+            own_headers: tuple[tuple[str, str], ...] = (),
+            **options: object,
+        ) -> HttpTarget | None:
             if url is None:
                 return None
             return HttpTarget(
                 self.http,
                 url,
-                binding.delivery,
+                delivery,
                 engine.waits,
                 max_response_bytes=binding.max_body_size,
-                extra_headers=binding.headers,
+                extra_headers=own_headers + binding.headers,
                 bearer=urls.bearer,
                 **options,  # type: ignore[arg-type]
             )
 
+        # One request to the reply URL per delivery attempt: a refused reply fails
+        # the attempt, and the attempts are the subscriber's (reply.py).
+        single = replace(binding.delivery, retry=0)
         replier = Replier(
-            binding.reply, binding.content_mode, target(urls.reply), self.publisher, publish_timeout
+            binding.reply,
+            binding.content_mode,
+            target(urls.reply, single),
+            self.publisher,
+            publish_timeout,
         )
         # Answers are read whole exactly when the handler will look for a reply
         # in them: one decision, the replier's.
         subscriber = target(
-            urls.subscriber, observe=metrics.observe_attempt, read_reply=replier.enabled
+            urls.subscriber,
+            own_headers=http_form.SUBSCRIBER_HEADERS,
+            observe=metrics.observe_attempt,
+            read_reply=replier.enabled,
         )
         assert subscriber is not None
         sink = target(urls.sink)
@@ -171,8 +187,6 @@ class Service:
             engine.lines,
             compile_filter(binding),
         )
-        if binding.filters and binding.filter is not None:
-            log.warning("filter is ignored: filters is set (as in Knative)", binding=binding.name)
         engine.add_binding(binding.name, handler, metrics)
         self.supervisor.add_binding(binding)
 
@@ -189,6 +203,8 @@ class Service:
 
     def start(self) -> None:
         log.info("starting", bindings=[b.name for b in self.settings.bindings])
+        for said in advice(self.settings):
+            log.warning(said.text, key=said.key)
         # Everything built so far (modules, settings, clients) lives as long as
         # the process: take it out of the garbage collector's full passes, which
         # otherwise walk it all and stall every thread for tens of milliseconds.

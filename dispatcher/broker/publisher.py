@@ -144,10 +144,19 @@ class Publisher:
         return future
 
     def publish_event(
-        self, exchange: str, routing_key: str, event: Event, timeout: float
+        self,
+        exchange: str,
+        routing_key: str,
+        event: Event,
+        timeout: float,
+        trace: Mapping[str, str] | None = None,
     ) -> Future[str | None]:
-        """``event`` in the binary ``ce-`` header form this dispatcher reads."""
+        """``event`` in the binary ``ce-`` header form this dispatcher reads, with the
+        W3C trace headers of the message it came from."""
+        headers: dict[str, Any]
         headers, content_type = events.to_amqp_headers(event)
+        if trace:
+            headers.update(trace)
         return self.publish(
             exchange, routing_key, event.data or b"", headers, content_type, timeout
         )

@@ -6,6 +6,12 @@ trickles in). The whole delivery, retries and waits included, also has a
 deadline, ``(retry + 1) * timeout + retry * backoff_max``, so a message never
 holds its slot longer than that, whatever ``Retry-After`` says.
 
+A 2xx may still fail the attempt: the handler's ``accept`` (forwarding the
+reply in it) can refuse it, and then the same event is sent again after a
+backoff, within the same ``retry`` budget, as Knative's data plane has it (a
+reply that cannot be delivered is a failed delivery). The time ``accept``
+takes is bounded by its own target, and does not eat into this URL's deadline.
+
 A retry wait is a timer on the engine loop, not a sleeping thread. Shutdown
 ends the wait (``Waits.give_up``) and the delivery is ``ABANDONED``: the
 message is left for the broker to redeliver.
@@ -22,7 +28,7 @@ from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import HttpClient, Reading, request_headers
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.retry import Backoff, Decision, classify, retried_statuses
-from dispatcher.seams import Outcome, Result
+from dispatcher.seams import Accept, Outcome, Refusal, Response, Result
 from dispatcher.waits import Waits
 
 # What an error-response body contributes to a dead letter is at most 1024
@@ -68,7 +74,7 @@ class HttpTarget:
         d = self._delivery
         return (d.retry + 1) * d.timeout + d.retry * d.backoff_max
 
-    async def send(self, request: HttpRequestParts) -> Outcome:
+    async def send(self, request: HttpRequestParts, accept: Accept | None = None) -> Outcome:
         # Built once: every attempt sends the same, but for a bearer token that
         # may have rotated in between. The binding's own headers last.
         headers = request_headers(request.headers)
@@ -76,25 +82,51 @@ class HttpTarget:
             headers.extend(self._extra_headers)
         waits = self._waits
         deadline = waits.time() + self.deadline_seconds()
-        retries = self._delivery.retry
         number = 0
         while True:
-            budget = min(self._delivery.timeout, deadline - waits.time())
-            started = waits.time()
-            sent = headers if self._bearer is None else [*headers, self._bearer.header()]
-            response = await self._client.post(
-                self._endpoint, sent, request.body, max(budget, 0.001), self._reading
-            )
-            if self._observe is not None:
-                self._observe(response.status, waits.time() - started)
+            response = await self._attempt(headers, request.body, deadline)
             number += 1
             decision = classify(response.status, self._retried)
+            refusal: Refusal | None = None
+            if decision is Decision.SUCCESS and accept is not None:
+                accepting = waits.time()
+                refusal = await accept(response)
+                # The reply's target bounds its own time; the deadline is this URL's.
+                deadline += waits.time() - accepting
+                if refusal is not None:
+                    decision = Decision.RETRY if refusal.retry else Decision.FAIL
             if decision is Decision.SUCCESS:
                 return Outcome(Result.DELIVERED, response, number)
-            if decision is Decision.FAIL or number > retries:
-                return Outcome(Result.FAILED, response, number)
-            wait = self._backoff.wait(number - 1, response.retry_after)
-            if waits.time() + wait >= deadline:
-                return Outcome(Result.FAILED, response, number)
+            wait = self._retry_wait(decision, number, response, refusal, deadline)
+            if wait is None:
+                return Outcome(Result.FAILED, response, number, refusal)
             if not await waits.sleep(wait):
-                return Outcome(Result.ABANDONED, response, number)
+                return Outcome(Result.ABANDONED, response, number, refusal)
+
+    async def _attempt(self, headers: list[str], body: bytes, deadline: float) -> Response:
+        waits = self._waits
+        budget = min(self._delivery.timeout, deadline - waits.time())
+        started = waits.time()
+        sent = headers if self._bearer is None else [*headers, self._bearer.header()]
+        response = await self._client.post(
+            self._endpoint, sent, body, max(budget, 0.001), self._reading
+        )
+        if self._observe is not None:
+            self._observe(response.status, waits.time() - started)
+        return response
+
+    def _retry_wait(
+        self,
+        decision: Decision,
+        number: int,
+        response: Response,
+        refusal: Refusal | None,
+        deadline: float,
+    ) -> float | None:
+        """How long to wait before attempt ``number + 1``; None: no more attempts."""
+        if decision is Decision.FAIL or number > self._delivery.retry:
+            return None
+        # A subscriber's Retry-After is for its own failures, not a reply target's.
+        retry_after = None if refusal is not None else response.retry_after
+        wait = self._backoff.wait(number - 1, retry_after)
+        return None if self._waits.time() + wait >= deadline else wait

@@ -359,12 +359,19 @@ def test_reply_is_published_to_the_reply_exchange_before_the_ack(make_subscriber
     assert body == b'{"r": 1}'
 
 
-def test_reply_to_a_missing_exchange_is_not_acked(make_subscriber, run_service):
+def test_reply_to_a_missing_exchange_fails_the_delivery(make_subscriber, run_service):
+    """Not acked as delivered: each attempt's reply failed, so the attempts are spent
+    and, with no dead-letter target, the event is rejected."""
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
-    svc = run_service(sub.url, reply={"exchange": broker.unique("missing")})
+    svc = run_service(
+        sub.url,
+        reply={"exchange": broker.unique("missing")},
+        delivery={"retry": 1, "backoff_delay": "10ms"},
+    )
     publish(svc.queue, headers=event_headers("q-2"))
-    svc.wait_events("requeued", 1)
+    svc.wait_events("rejected", 1)
     assert svc.events("delivered") == 0
+    assert sub.ids() == ["q-2", "q-2"]
 
 
 def test_reply_is_posted_to_the_reply_url(make_subscriber, run_service):

@@ -79,7 +79,7 @@ def test_each_delivery_is_settled_once_and_never_with_multiple(make_subscriber, 
 
 
 def test_requeues_are_single_settlements_too(make_subscriber, run_service):
-    """Invariant 3 on the nack path: with no dead-letter target every 400 is
+    """Invariant 3 on the nack path: with the dead-letter sink down every 400 is
     requeued, out of order with the acks around it. A `multiple` nack would
     requeue deliveries still in flight, and their own settlements would then
     draw 406, closing the channel."""
@@ -92,7 +92,13 @@ def test_requeues_are_single_settlements_too(make_subscriber, run_service):
         return Reply(400 if refused else 200, delay=0.3 if i % 3 == 0 else 0.02)
 
     sub = make_subscriber(behaviour)
-    svc = run_service(sub.url, parallelism=4, delivery={"retry": 0, "backoff_delay": "10ms"})
+    sink = make_subscriber(lambda _r, _i: Reply(500))
+    svc = run_service(
+        sub.url,
+        parallelism=4,
+        delivery={"retry": 0, "backoff_delay": "10ms"},
+        dead_letter={"sink": sink.url},
+    )
     first_generation = svc.service.supervisor.generation("b")
     ids = [f"n-{i:02d}" for i in range(16)]
     publish_events(svc.queue, ids)

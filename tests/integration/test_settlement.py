@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -14,14 +15,44 @@ from tests.support.subscriber import Reply
 pytestmark = pytest.mark.broker
 
 
-def test_no_dead_letter_target_and_no_dlx_requeues_after_backoff(make_subscriber, run_service):
-    sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
-    svc = run_service(sub.url, delivery={"retry": 0, "backoff_delay": "300ms", "backoff_max": "1s"})
+def test_no_dead_letter_target_and_no_dlx_rejects_once_not_a_loop(make_subscriber, run_service):
+    """Knative drops what it cannot deliver when there is no dead-letter sink: a
+    reject without requeue, so the subscriber sees the event once, not forever."""
+    sub = make_subscriber(lambda _r, _i: Reply(400))
+    svc = run_service(sub.url, parallelism=1, delivery={"retry": 0, "backoff_delay": "10ms"})
     publish(svc.queue, headers=event_headers("n-1"))
-    svc.wait_events("delivered", 1)
-    first, second = sub.wait_for(2)
-    assert svc.events("requeued") == 1
-    assert second.at - first.at >= 0.3 * 0.8  # the requeue waited (jitter is +-20%)
+    svc.wait_events("rejected", 1)
+    # One slot: the event published after it goes only once the slot is free,
+    # and the broker would have handed a message given back to it again first.
+    publish(svc.queue, headers=event_headers("n-2"))
+    wait_until(lambda: sub.ids().count("n-2") == 1, message="the event behind it")
+    wait_until(lambda: queue_depth(svc.queue) == 0, message="the queue empty")
+    assert sub.ids().count("n-1") == 1
+    assert svc.events("requeued") == 0
+
+
+def test_every_dead_letter_target_down_requeues_with_a_wait_that_grows(
+    make_subscriber, run_service
+):
+    """The sink refuses three times: the event goes back to the queue three times,
+    each time after a longer wait (200 ms, 400 ms, 800 ms, give or take 20 %),
+    never in a tight loop, then the sink takes it."""
+    sub = make_subscriber(lambda _r, _i: Reply(400))
+    sink = make_subscriber(lambda _r, i: Reply(500) if i < 3 else Reply(200))
+    svc = run_service(
+        sub.url,
+        delivery={"retry": 0, "backoff_delay": "200ms", "backoff_max": "5s"},
+        dead_letter={"sink": sink.url},
+    )
+    publish(svc.queue, headers=event_headers("g-1"))
+    svc.wait_events("dead_lettered", 1, timeout=20)
+    arrivals = [request.at for request in sub.requests]
+    assert len(arrivals) == 4
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    for gap, wait in zip(gaps, (0.2, 0.4, 0.8), strict=True):
+        assert gap >= wait * 0.8, gaps
+    assert gaps[0] < gaps[2], gaps
+    assert svc.events("requeued") == 3
 
 
 def test_unroutable_dead_letter_is_not_accepted(make_subscriber, run_service):
@@ -130,9 +161,14 @@ def test_a_large_plain_answer_with_reply_configured_is_just_delivered(make_subsc
 def test_publisher_keeps_one_connection_across_channel_errors(make_subscriber, run_service):
     """A 404 exchange closes the channel, not the connection (review defect 3)."""
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b"{}"))
-    svc = run_service(sub.url, reply={"exchange": broker.unique("missing")})
+    svc = run_service(
+        sub.url,
+        reply={"exchange": broker.unique("missing")},
+        delivery={"retry": 3, "backoff_delay": "10ms"},
+    )
     publish(svc.queue, headers=event_headers("p-1"))
-    svc.wait_events("requeued", 3, timeout=20)
+    svc.wait_events("rejected", 1, timeout=20)
+    assert len(sub.requests) == 4  # each attempt's reply closed the channel
     assert svc.service.publisher is not None
     assert svc.service.publisher.connections_opened == 1
 
@@ -148,7 +184,7 @@ def test_an_internal_error_dead_letters_instead_of_looping(
     sub = make_subscriber()
     sink = make_subscriber()
     svc = run_service(sub.url, dead_letter={"sink": sink.url})
-    # trace_headers is used only on the way to the subscriber.
+    # trace_headers is the first step once the event is read.
     monkeypatch.setattr(http_form, "trace_headers", broken)
     publish(svc.queue, headers=event_headers("bug-1"))
     svc.wait_events("dead_lettered", 1)

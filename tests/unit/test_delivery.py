@@ -18,7 +18,7 @@ from dispatcher.http.client import HttpClient
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.http.target import ERROR_BODY_LIMIT, HttpTarget
 from dispatcher.loop import Loop
-from dispatcher.seams import Outcome, Result
+from dispatcher.seams import Accept, Outcome, Refusal, Response, Result
 from dispatcher.waits import Waits
 from tests.support.subscriber import Reply
 
@@ -31,8 +31,10 @@ class Engine:
     http: HttpClient
     waits: Waits
 
-    def send(self, target: HttpTarget, request: HttpRequestParts = REQUEST) -> Outcome:
-        return self.loop.run_until_complete(target.send(request))
+    def send(
+        self, target: HttpTarget, request: HttpRequestParts = REQUEST, accept: Accept | None = None
+    ) -> Outcome:
+        return self.loop.run_until_complete(target.send(request, accept))
 
 
 @pytest.fixture
@@ -207,3 +209,89 @@ def test_user_agent_and_headers_are_sent(client, subscriber):
     # Nothing curl would add on its own: no form content type, no 100-continue.
     assert "content-type" not in request.headers
     assert "expect" not in request.headers
+
+
+# ----------------------------------------------------------------------------- accept
+
+
+def refusing(*answers: Refusal | None, pause: float = 0.0, waits: Waits | None = None):
+    """An ``accept`` that answers each 2xx with the next of ``answers`` (the last one
+    again once they run out), after ``pause`` seconds on the loop; records the statuses."""
+    seen: list[int | None] = []
+
+    async def accept(response: Response) -> Refusal | None:
+        seen.append(response.status)
+        if pause:
+            assert waits is not None
+            await waits.sleep(pause)
+        return answers[min(len(seen), len(answers)) - 1]
+
+    return accept, seen
+
+
+def test_a_refused_2xx_is_a_failed_attempt_within_the_same_retry_budget(client, subscriber):
+    """A reply that cannot be forwarded: the subscriber gets the event again, at most
+    ``retry + 1`` times in all, and the outcome carries why."""
+    refusal = Refusal("reply URL answered 503 (HTTP)", retry=True, status=503, body=b"down")
+    accept, seen = refusing(refusal)
+    outcome = client.send(target(client, subscriber.url, retry=2), accept=accept)
+    assert (outcome.result, outcome.attempts, outcome.refusal) == (Result.FAILED, 3, refusal)
+    assert outcome.last.status == 200
+    assert len(subscriber.requests) == 3
+    assert seen == [200, 200, 200]
+
+
+def test_a_refusal_that_no_attempt_can_mend_ends_at_once(client, subscriber):
+    refusal = Refusal("invalid reply: no id", retry=False, status=200)
+    accept, _seen = refusing(refusal)
+    outcome = client.send(target(client, subscriber.url, retry=5), accept=accept)
+    assert (outcome.result, outcome.attempts, outcome.refusal) == (Result.FAILED, 1, refusal)
+    assert len(subscriber.requests) == 1
+
+
+def test_a_refusal_then_an_acceptance_is_delivered(client, subscriber):
+    accept, seen = refusing(Refusal("reply publish failed: nacked", retry=True), None)
+    outcome = client.send(target(client, subscriber.url, retry=5), accept=accept)
+    assert (outcome.result, outcome.attempts, outcome.refusal) == (Result.DELIVERED, 2, None)
+    assert len(subscriber.requests) == len(seen) == 2
+
+
+def test_time_taken_by_accept_does_not_use_up_the_subscribers_deadline(client, subscriber):
+    """The deadline is (retry + 1) * timeout + retry * backoff_max = 0.7 s here; three
+    refusals of 0.4 s each take longer, and still every attempt is made: the reply's
+    own target bounds its time, not the subscriber's deadline."""
+    refusal = Refusal("reply URL answered -1 (timed out)", retry=True)
+    accept, seen = refusing(refusal, pause=0.4, waits=client.waits)
+    deliver = target(client, subscriber.url, retry=2, timeout=0.2)
+    assert deliver.deadline_seconds() == pytest.approx(0.7)
+    outcome = client.send(deliver, accept=accept)
+    assert (outcome.result, outcome.attempts) == (Result.FAILED, 3)
+    assert len(seen) == 3
+
+
+def test_a_status_outside_every_http_class_is_retried_as_5xx(client):
+    """curl hands over any three-digit status; a 600 is a broken server, so it is
+    retried like a 500 (and counted as 5xx), not dead-lettered at once."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    answered: list[int] = []
+
+    def answer() -> None:
+        for status in (600, 999, 200):
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.sendall(f"HTTP/1.1 {status} Odd\r\ncontent-length: 0\r\n\r\n".encode())
+            answered.append(status)
+            conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    observed: list[int | None] = []
+    try:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/"
+        outcome = client.send(target(client, url, observed=observed, retry=3))
+    finally:
+        server.close()
+    assert (outcome.result, outcome.attempts) == (Result.DELIVERED, 3)
+    assert observed == [600, 999, 200]

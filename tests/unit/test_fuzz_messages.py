@@ -250,7 +250,7 @@ def make_handler(non_cloudevent: str) -> Handler:
         ]
     }
     binding = settings_from_dict(raw, {}).bindings[0]
-    stub = SimpleNamespace(deadline_seconds=lambda: 1.0)
+    stub = SimpleNamespace(deadline_seconds=lambda: 1.0, time=lambda: 0.0, enabled=False)
     return Handler(binding, "/", stub, stub, stub, stub, stub, stub, stub)  # type: ignore[arg-type]
 
 

@@ -44,7 +44,7 @@ from dispatcher.handler import Action, Handler, Received
 from dispatcher.loop import Future, Loop
 from dispatcher.metrics import OUTCOMES, Metrics
 from dispatcher.reply import Replier
-from dispatcher.seams import Found, Outcome, Response, Result
+from dispatcher.seams import Accept, Found, Outcome, Response, Result
 from dispatcher.waits import Waits
 
 # ----------------------------------------------------------------------------- fakes
@@ -62,7 +62,15 @@ Step = Outcome | ShutdownDuring | Exception
 
 
 class FakeTarget:
-    """A ``Target`` that answers each ``send`` with the next scripted step, on the loop."""
+    """A ``Target`` that answers each ``send`` with the next scripted step, on the loop.
+
+    With ``accept`` (the Handler's reply forwarding), a 2xx step is offered to
+    it, as the real target does; a refusal that may be retried moves on to the
+    next scripted step (one more attempt, so one more request is recorded), and
+    the last one ends the send as FAILED with the refusal. How many attempts the
+    retry budget allows is ``HttpTarget``'s rule (``test_delivery.py``): here
+    the script says how many there were.
+    """
 
     def __init__(self, name: str, script: tuple[Step, ...], loop: Loop, waits: Waits) -> None:
         self.name = name
@@ -74,7 +82,20 @@ class FakeTarget:
     def deadline_seconds(self) -> float:
         return 0.1
 
-    async def send(self, request: HttpRequestParts) -> Outcome:
+    async def send(self, request: HttpRequestParts, accept: Accept | None = None) -> Outcome:
+        attempts = 0
+        while True:
+            outcome = await self._attempt(request)
+            attempts += outcome.attempts
+            if outcome.result is not Result.DELIVERED or accept is None:
+                return Outcome(outcome.result, outcome.last, attempts)
+            refusal = await accept(outcome.last)
+            if refusal is None:
+                return Outcome(Result.DELIVERED, outcome.last, attempts)
+            if not (refusal.retry and self._script):
+                return Outcome(Result.FAILED, outcome.last, attempts, refusal)
+
+    async def _attempt(self, request: HttpRequestParts) -> Outcome:
         self.requests.append(request)
         if not self._script:  # the row's request counts say so; no exception into the Handler
             return Outcome(Result.FAILED, Response(None, error=f"{self.name}: unscripted"), 1)
@@ -96,11 +117,18 @@ class FakePublisher:
         self._answers = answers
         self._loop = loop
         self.published: list[tuple[str, str, Event]] = []
+        self.traces: list[dict[str, str]] = []
 
     async def publish_event(
-        self, exchange: str, routing_key: str, event: Event, timeout: float
+        self,
+        exchange: str,
+        routing_key: str,
+        event: Event,
+        timeout: float,
+        trace: Mapping[str, str] | None = None,
     ) -> str | None:
         self.published.append((exchange, routing_key, event))
+        self.traces.append(dict(trace or {}))
         answer: Future[str | None] = self._loop.create_future()
         self._loop.call_soon(answer.resolve, self._answers.get(exchange))
         return await answer
@@ -151,8 +179,8 @@ class RecordingLines(logs.DeliveryLines):
         super().__init__()
         self.lines: list[dict[str, Any]] = []
 
-    def add(self, fields: dict[str, Any], then: Any) -> None:
-        self.lines.append(fields)
+    def add(self, fields: dict[str, Any], then: Any, level: str = "info") -> None:
+        self.lines.append({**fields, "level": level})
         then()
 
 
@@ -180,9 +208,13 @@ WANTS_TYPE_W: dict[str, Any] = {"filter": {"attributes": {"type": "w"}}}
 WANTS_TYPE_T: dict[str, Any] = {"filter": {"attributes": {"type": "t"}}}
 
 KEY = ("/s", "e-1")
+TRACE = {
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tracestate": "congo=t61rcWkgMzE",
+}
 EVENT = AmqpMessage(
     b'{"n":1}',
-    {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/s", "ce-type": "t"},
+    {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/s", "ce-type": "t", **TRACE},
     "application/json",
 )
 PLAIN = AmqpMessage(b"plain text", {}, "text/plain", "m-1")  # no specversion anywhere
@@ -304,17 +336,39 @@ ROWS = [
         settled_after=True,
     ),
     Row(
-        "2xx-reply-url-refuses-requeue-not-dead-letter",
-        subscriber=(ok(head=REPLY_HEAD),),
+        "2xx-reply-url-refuses-every-attempt-then-dead-lettered",
+        subscriber=(ok(head=REPLY_HEAD),) * (RETRY + 1),
         binding=config(REPLY_URL, SINK),
-        reply_url=(failed(503, attempts=3),),
-        action=Action.REQUEUE,
-        outcome="requeued",
+        reply_url=(failed(503),) * (RETRY + 1),
+        sink=(ok(),),
+        outcome="dead_lettered",
         status=200,
+        attempts=RETRY + 1,
+        sends=RETRY + 1,
         reason="reply URL answered 503",
-        replies=("url",),
-        backoffs=(RETRY,),
-        settled_after=False,
+        letters=(("sink", "503"),),
+        letter_reason="reply URL answered 503",
+        replies=("url",) * (RETRY + 1),
+        settled_after=True,
+    ),
+    Row(
+        "2xx-reply-url-refuses-once-then-accepts",
+        subscriber=(ok(head=REPLY_HEAD), ok(head=REPLY_HEAD)),
+        binding=config(REPLY_URL, SINK),
+        reply_url=(failed(503), ok()),
+        outcome="delivered",
+        status=200,
+        attempts=2,
+        sends=2,
+        replies=("url", "url"),
+        settled_after=True,
+    ),
+    Row(
+        "2xx-202-with-a-cloudevent-body-is-not-a-reply",
+        subscriber=(ok(202, head=REPLY_HEAD),),
+        binding=config(REPLY_URL),
+        outcome="delivered",
+        status=202,
     ),
     Row(
         "2xx-reply-url-no-answer-own-dlx",
@@ -324,7 +378,7 @@ ROWS = [
         action=Action.REJECT,
         outcome="rejected",
         status=200,
-        reason="reply URL answered -1 (connection refused)",
+        reason="reply URL answered -1 (connection refused); no dead-letter target",
         replies=("url",),
     ),
     Row(
@@ -336,20 +390,20 @@ ROWS = [
         replies=("replies",),
     ),
     Row(
-        "2xx-reply-exchange-fails",
+        "2xx-reply-exchange-fails-dead-lettered",
         subscriber=(ok(head=REPLY_HEAD),),
         binding=config(REPLY_EXCHANGE, DL_EXCHANGE),
         exchanges={"replies": "nacked"},
-        action=Action.REQUEUE,
-        outcome="requeued",
+        outcome="dead_lettered",
         status=200,
         reason="reply publish failed: nacked",
+        letters=(("dead", "-1"),),
+        letter_reason="reply publish failed: nacked",
         replies=("replies",),
-        backoffs=(RETRY,),
     ),
     Row(
-        "2xx-reply-invalid-dead-lettered",
-        subscriber=(ok(head=REPLY_NO_ID),),
+        "2xx-reply-invalid-dead-lettered-not-retried",
+        subscriber=(ok(head=REPLY_NO_ID), ok(head=REPLY_NO_ID)),
         binding=config(REPLY_URL, SINK),
         sink=(ok(),),
         outcome="dead_lettered",
@@ -360,14 +414,13 @@ ROWS = [
         settled_after=True,
     ),
     Row(
-        "2xx-reply-bad-specversion-no-dl-target",
+        "2xx-reply-bad-specversion-no-dl-target-rejected",
         subscriber=(ok(head=REPLY_OLD_SPEC),),
         binding=config(REPLY_URL),
-        action=Action.REQUEUE,
-        outcome="requeued",
+        action=Action.REJECT,
+        outcome="rejected",
         status=200,
         reason="invalid reply",
-        backoffs=(RETRY,),
     ),
     Row(
         "2xx-reply-truncated-dead-lettered",
@@ -380,13 +433,12 @@ ROWS = [
         letter_reason="larger than max_body_size",
     ),
     Row(
-        "4xx-not-retried-no-dl-target",
+        "4xx-not-retried-no-dl-target-rejected",
         subscriber=(failed(400),),
-        action=Action.REQUEUE,
-        outcome="requeued",
+        action=Action.REJECT,
+        outcome="rejected",
         status=400,
         reason="delivery failed; no dead-letter target",
-        backoffs=(RETRY,),
         settled_after=False,
     ),
     Row(
@@ -424,16 +476,17 @@ ROWS = [
         settled_after=False,
     ),
     Row(
-        "5xx-retries-exhausted-sink-refuses-own-dlx",
+        "5xx-retries-exhausted-sink-refuses-own-dlx-requeued",
         subscriber=(failed(503, attempts=RETRY + 1),),
         binding=config(SINK, OWN_DLX),
         sink=(no_answer(),),
-        action=Action.REJECT,
-        outcome="rejected",
+        action=Action.REQUEUE,
+        outcome="requeued",
         status=503,
         attempts=RETRY + 1,
         reason="every dead-letter target failed",
         letters=(("sink", "503"),),
+        backoffs=(RETRY,),
     ),
     Row(
         "5xx-no-dl-target-own-dlx",
@@ -456,14 +509,13 @@ ROWS = [
         letters=(("sink", "-1"),),
     ),
     Row(
-        "no-answer-no-dl-target",
+        "no-answer-no-dl-target-rejected",
         subscriber=(no_answer(),),
-        action=Action.REQUEUE,
-        outcome="requeued",
+        action=Action.REJECT,
+        outcome="rejected",
         status=-1,
         attempts=RETRY + 1,
         reason="no dead-letter target",
-        backoffs=(RETRY,),
     ),
     Row(
         "no-answer-no-dl-target-own-dlx",
@@ -533,16 +585,17 @@ ROWS = [
         settled_after=False,
     ),
     Row(
-        "dl-exchange-fails-own-dlx",
+        "dl-exchange-fails-own-dlx-requeued",
         subscriber=(no_answer(),),
         binding=config(DL_EXCHANGE, OWN_DLX),
         exchanges={"dead": "timed out"},
-        action=Action.REJECT,
-        outcome="rejected",
+        action=Action.REQUEUE,
+        outcome="requeued",
         status=-1,
         attempts=RETRY + 1,
         reason="every dead-letter target failed",
         letters=(("dead", "-1"),),
+        backoffs=(RETRY,),
     ),
     Row(
         "dl-sink-and-exchange-both-accept",
@@ -587,23 +640,27 @@ ROWS = [
         backoffs=(RETRY,),
     ),
     Row(
-        "dl-sink-and-exchange-both-fail-own-dlx",
+        "dl-sink-and-exchange-both-fail-own-dlx-requeued",
         subscriber=(failed(400),),
         binding=config(SINK_AND_EXCHANGE, OWN_DLX),
         sink=(failed(500),),
         exchanges={"dead": "nacked"},
-        action=Action.REJECT,
-        outcome="rejected",
+        action=Action.REQUEUE,
+        outcome="requeued",
         status=400,
         reason="every dead-letter target failed",
         letters=(("sink", "400"), ("dead", "400")),
+        backoffs=(RETRY,),
     ),
     # ------------------------------------------------------------ shutdown
     Row(
         "shutdown-during-requeue-backoff-leaves",
         subscriber=(failed(400),),
+        binding=config(SINK),
+        sink=(failed(500),),
         shutdown="in_backoff",
         action=Action.LEAVE,
+        letters=(("sink", "400"),),
         backoffs=(RETRY,),
         settled_after=False,
     ),
@@ -624,9 +681,9 @@ ROWS = [
         letters=(("sink", "400"),),
     ),
     Row(
-        "shutdown-during-reply-leaves",
+        "shutdown-during-reply-leaves-not-dead-lettered",
         subscriber=(ok(head=REPLY_HEAD),),
-        binding=config(REPLY_URL),
+        binding=config(REPLY_URL, SINK),
         reply_url=(ShutdownDuring(abandoned(1)),),
         action=Action.LEAVE,
         replies=("url",),
@@ -785,15 +842,14 @@ ROWS = [
         letter_reason="not a CloudEvent",
     ),
     Row(
-        "not-a-cloudevent-policy-dead-letter-no-target",
+        "not-a-cloudevent-policy-dead-letter-no-target-rejected",
         binding=config({"non_cloudevent": "dead_letter"}),
         message=PLAIN,
-        action=Action.REQUEUE,
-        outcome="requeued",
+        action=Action.REJECT,
+        outcome="rejected",
         status=-1,
         sends=0,
         reason="not a CloudEvent (non_cloudevent: dead_letter); no dead-letter target",
-        backoffs=(RETRY,),
     ),
     Row(
         "bad-specversion-exchange-confirms",
@@ -916,7 +972,10 @@ class Ran:
     dedupe: MemoryDedupe | ScriptedDedupe
 
 
-def run(row: Row) -> Ran:
+def run(row: Row, messages: int = 1) -> Ran:
+    """``row``'s message through a Handler built as the row says; ``messages`` > 1
+    sends it that many times in turn (the same event coming back), and ``action``
+    is the last one's."""
     loop = Loop("table")
     try:
         waits = CompressedWaits(loop, shutdown_in_sleep=row.shutdown == "in_backoff")
@@ -958,8 +1017,9 @@ def run(row: Row) -> Ran:
         if holder is not None and isinstance(dedupe, MemoryDedupe):
             # Runs once the Handler is waiting for the attempt in flight.
             loop.call_soon(dedupe.release, holder, row.dedupe == "in_flight_then_settled")
-        received = Received(1, 7, row.redelivered, row.message, row.unreadable)
-        action = loop.run_until_complete(handler.handle(received))
+        for tag in range(messages):
+            received = Received(1, tag, row.redelivered or tag > 0, row.message, row.unreadable)
+            action = loop.run_until_complete(handler.handle(received))
     finally:
         loop.close()
     return Ran(action, subscriber, sink, reply_url, publisher, waits, lines.lines, metrics, dedupe)
@@ -1021,6 +1081,7 @@ def test_decision_table(row: Row) -> None:
         assert request.headers["ce-id"] == expected_id
     check_letters(ran, row)
     check_replies(ran, row)
+    check_trace(ran, row)
 
     # Every wait the Handler asked for, each as long as the backoff rule says.
     assert len(ran.waits.slept) == len(row.backoffs)
@@ -1066,6 +1127,18 @@ def check_replies(ran: Ran, row: Row) -> None:
     ] * len(replies)
 
 
+def check_trace(ran: Ran, row: Row) -> None:
+    """The message's W3C trace headers ride on every request and every publish it
+    causes: subscriber, reply and dead letter alike (and only its own)."""
+    carries = all(row.message.headers.get(name) == value for name, value in TRACE.items())
+    expected = TRACE if carries else {}
+    for target in (ran.subscriber, ran.sink, ran.reply_url):
+        for request in target.requests:
+            found = {k: v for k, v in request.headers.items() if k in TRACE}
+            assert found == expected, target.name
+    assert ran.publisher.traces == [expected] * len(ran.publisher.published)
+
+
 def check_line_and_counters(ran: Ran, row: Row) -> None:
     """The delivery line and the counter: exactly one each for a final outcome."""
     expected_counters = {row.outcome: 1.0} if row.outcome else {}
@@ -1083,6 +1156,8 @@ def check_line_and_counters(ran: Ran, row: Row) -> None:
     default_attempts = 1 if row.sends else 0
     assert line["attempts"] == (default_attempts if row.attempts is None else row.attempts)
     assert line["redelivered"] is row.redelivered
+    # An event that may now be gone for good is a warning; the others are info.
+    assert line["level"] == ("warning" if row.outcome == "rejected" else "info")
     if row.message is EVENT and row.unreadable is None:
         assert (line["ce_source"], line["ce_id"]) == KEY
     if row.reason is None:
@@ -1097,3 +1172,28 @@ def test_the_table_covers_every_action_and_outcome() -> None:
     counted = {row.outcome for row in ROWS} | {"filtered" for row in ROWS if row.filtered}
     assert counted - {None} == set(OUTCOMES)
     assert len({row.id for row in ROWS}) == len(ROWS)
+
+
+def test_a_requeue_waits_longer_each_time_the_same_event_comes_back() -> None:
+    """Every dead-letter target down: the same event goes back to the queue again and
+    again, each time after a longer wait (retry number ``retry``, ``retry + 1``, ...),
+    up to ``backoff_max``: never a tight loop. Delivered at last, it starts over."""
+    comes_back = 5
+    row = Row(
+        "requeued-again-and-again",
+        subscriber=(failed(400),) * comes_back + (ok(),) + (failed(400),),
+        binding=config(SINK, NO_DEDUPE),  # each return is delivered again, not suppressed
+        sink=(failed(500),) * comes_back + (failed(500),),
+    )
+    ran = run(row, messages=comes_back + 2)
+    waits_asked = [RETRY + n for n in range(comes_back)] + [RETRY]
+    assert len(ran.waits.slept) == len(waits_asked)
+    for seconds, retry_number in zip(ran.waits.slept, waits_asked, strict=True):
+        low, high = backoff_bounds(retry_number)
+        assert low <= seconds <= high, (seconds, retry_number)
+    assert ran.waits.slept[comes_back - 1] >= MAXIMUM * (1 - JITTER)  # reached the cap
+    assert ran.action is Action.REQUEUE
+    assert [line["outcome"] for line in ran.lines] == ["requeued"] * comes_back + [
+        "delivered",
+        "requeued",
+    ]
