@@ -41,9 +41,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
+from dispatcher.logs import get_logger
 from dispatcher.loop import Future
 from dispatcher.seams import ClaimStore, Found
 from dispatcher.waits import Waits
+
+log = get_logger()
 
 Key = tuple[str, str]  # (source, id)
 
@@ -134,6 +137,7 @@ class MemoryDedupe:
             del settled[key]
 
 
+HELD: Final = 0  # by another owner
 CLAIMED: Final = 1
 SETTLED: Final = 2
 FIRST_POLL: Final = 0.05
@@ -170,8 +174,14 @@ class SharedDedupe:
         if claim is None:
             return None  # a publisher's duplicate in flight here: the subscriber judges
         # Claimed in the store so that a redelivery elsewhere waits for this attempt.
-        # Held by another already, or settled: a publisher's duplicate, delivered all the same.
-        await self._shared_claim(claim)
+        # Held by another replica's attempt: either the publisher sent the event
+        # twice, or this message's channel died and the broker has already
+        # redelivered it there, whose claim got in first. Never both at once:
+        # wait for that attempt to end. Then a publisher's duplicate is delivered
+        # all the same, and the handler sends nothing for a message whose channel
+        # is gone (``Received.channel``).
+        if await self._poll(claim, self._waits.time() + self._ttl) == HELD:
+            log.info("first delivery held by another replica past its claim", ce_id=key[1])
         return claim
 
     async def claim_or_wait(self, key: Key, wait: float) -> Claim | Found:
@@ -179,25 +189,36 @@ class SharedDedupe:
         found = await self._local.claim_or_wait(key, wait)
         if not isinstance(found, Claim):
             return found
+        answer = await self._poll(found, deadline)
+        if answer == SETTLED:
+            self._local.release(found, True)
+            return "settled"
+        if answer == HELD:
+            # Released in the store too: a poll whose answer was lost may
+            # have taken the key for us, and would hold it until its TTL.
+            self.release(found, False)
+            return "busy"
+        if answer is None:
+            log.info("redelivery decided by memory: the dedupe store did not answer", ce_id=key[1])
+        return found
+
+    async def _poll(self, claim: Claim, deadline: float) -> int | None:
+        """Claim in the store; while another replica's attempt holds the key, wait
+        for it to settle, be released or expire, polling. HELD if it still holds it
+        at ``deadline`` (or at shutdown); None if the store never answered.
+
+        Once another owner was seen, a store that stops answering is not a licence
+        to send: that owner may still be at it, so the polls go on."""
         pause = FIRST_POLL
         held_elsewhere = False
         while True:
-            answer = await self._shared_claim(found)
-            if answer == CLAIMED or (answer is None and not held_elsewhere):
-                return found  # claimed (or the store is away: memory decides, as before)
-            if answer == SETTLED:
-                self._local.release(found, True)
-                return "settled"
-            # Another replica's attempt holds it: wait for it to settle, be
-            # released, or expire, polling; never send a second request meanwhile,
-            # not even when the store stops answering: that owner may still be at it.
+            answer = await self._shared_claim(claim)
+            if answer in (CLAIMED, SETTLED) or (answer is None and not held_elsewhere):
+                return answer
             held_elsewhere = True
             left = deadline - self._waits.time()
             if left <= 0 or not await self._waits.sleep(min(pause, left)):
-                # Released in the store too: a poll whose answer was lost may
-                # have taken the key for us, and would hold it until its TTL.
-                self.release(found, False)
-                return "busy"
+                return HELD
             pause = min(pause * 2, MAX_POLL)
 
     def release(self, claim: Claim, settled: bool) -> None:

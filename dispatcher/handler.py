@@ -69,6 +69,21 @@ class Action(Enum):
     LEAVE = "leave"  # settle nothing; the broker redelivers when the channel closes
 
 
+class ChannelState:
+    """Whether the channel a message arrived on is still open: set by the broker
+    thread when it closes (one object per channel generation), read here before
+    anything is sent. A plain attribute: a read across threads is atomic."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = True
+
+
+# For messages that belong to no channel of ours (tests, tools): always open.
+NO_CHANNEL = ChannelState()
+
+
 @dataclass(frozen=True, slots=True)
 class Received:
     """One message as received on one channel generation."""
@@ -80,6 +95,7 @@ class Received:
     # Set when pika could not decode the properties: ``message`` then has the
     # body and no properties, and the message is dead-lettered, not delivered.
     unreadable: Unreadable | None = None
+    channel: ChannelState = NO_CHANNEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,24 +159,20 @@ class Handler:
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
             self._filtered(event, received.redelivered)
             return Action.ACK
-        claim: Claim | None = None
-        if self._dedupe.enabled and received.redelivered:
-            found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
-            if found == "settled":
-                self._metrics.duplicates_suppressed.inc()
-                self._log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
-                return Action.ACK
-            if found == "busy":
-                # The first attempt is still running: a second request would be the
-                # duplicate we exist to prevent. Give the message back instead.
-                self._log.info("redelivery deferred: first attempt still in flight", ce_id=event.id)
-                return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
-            claim = found
-        elif self._dedupe.enabled:
-            claim = await self._dedupe.claim_first(event.key)  # None: a publisher's duplicate
-        if claim is not None and self._waits.given_up:
-            # Grace ended while the claim was being made: no new request now.
-            self._dedupe.release(claim, False)
+        claim = await self._claim(event, received.redelivered)
+        if isinstance(claim, Action):
+            return claim
+        if (claim is not None and self._waits.given_up) or not received.channel.open:
+            # Grace ended while the claim was being made: no new request now. Or
+            # the message's channel closed before anything was sent: the broker
+            # has it back and redelivers it, here or to another replica, and a
+            # request now would be that redelivery's twin (their claims may race).
+            if claim is not None:
+                self._dedupe.release(claim, False)
+            if not received.channel.open:
+                self._log.info(
+                    "channel closed before the request: left for redelivery", ce_id=event.id
+                )
             return Action.LEAVE
         settled = False
         try:
@@ -173,6 +185,25 @@ class Handler:
             self._returns.settled(event.key)
         self._record(received, event, final, started)
         return final.action
+
+    async def _claim(self, event: Event, redelivered: bool) -> Claim | Action | None:
+        """Duplicate suppression: the claim this attempt holds (None: no claim), or
+        the Action when the event needs no attempt here (settled, or still busy)."""
+        if not self._dedupe.enabled:
+            return None
+        if not redelivered:
+            return await self._dedupe.claim_first(event.key)  # None: a publisher's duplicate
+        found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
+        if found == "settled":
+            self._metrics.duplicates_suppressed.inc()
+            self._log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
+            return Action.ACK
+        if found == "busy":
+            # The first attempt is still running: a second request would be the
+            # duplicate we exist to prevent. Give the message back instead.
+            self._log.info("redelivery deferred: first attempt still in flight", ce_id=event.id)
+            return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
+        return found
 
     async def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
         trace: Mapping[str, str] = {}

@@ -41,7 +41,7 @@ from dispatcher.config import BindingSettings
 from dispatcher.engine import Verdict
 from dispatcher.events import AmqpMessage, Unreadable
 from dispatcher.from_amqp import amqp_message
-from dispatcher.handler import Action, Received
+from dispatcher.handler import Action, ChannelState, Received
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff
@@ -68,6 +68,9 @@ class Consumer:
         self._shared = shared
         self.channel: Any = None
         self.generation = 0
+        # What this generation's messages carry: closed with the channel, so a
+        # delivery that has sent nothing yet leaves its message to the redelivery.
+        self.state = ChannelState()
         self.consumer_tags: list[str] = []
         self.ready = False  # the channel is set up (queue declared): it may consume
         self._prefetch = 0  # what this channel's consumers were given, in all
@@ -94,6 +97,7 @@ class Consumer:
     def _on_channel_open(self, channel: Any) -> None:
         generation = next(self._shared.generations)
         self.channel, self.generation, self.consumer_tags = channel, generation, []
+        self.state = ChannelState()
         self.ready, self._prefetch, self._current = False, 0, 0
         channel.add_on_close_callback(partial(self._on_channel_closed, generation))
         channel.add_on_cancel_callback(partial(self._on_cancelled, generation))
@@ -156,6 +160,7 @@ class Consumer:
         connection.ioloop.call_later(delay, partial(self.open, connection))
 
     def forget_channel(self) -> None:
+        self.state.open = False
         was_consuming = bool(self.consumer_tags)
         self.channel, self.consumer_tags, self._close_reason = None, [], None
         # Its deliveries still running are the closed channel's now: they keep
@@ -231,6 +236,9 @@ class Consumer:
     def _on_message(
         self, generation: int, _channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
+        # A message of a channel that is gone (pika may still hand one over while
+        # closing it) is born closed: nothing is sent for it.
+        state = self.state if generation == self.generation else _CLOSED
         self._in_flight += 1
         self._current += 1
         tag = method.delivery_tag
@@ -250,7 +258,7 @@ class Consumer:
             log.exception("message properties could not be read", binding=self.name)
             message = AmqpMessage(body, {})
             unreadable = Unreadable(f"{type(e).__name__}: {e}", b"")
-        received = Received(generation, tag, bool(method.redelivered), message, unreadable)
+        received = Received(generation, tag, bool(method.redelivered), message, unreadable, state)
         self._shared.receive(self.name, received)
 
     # ----------------------------------------------------------------- verdicts
@@ -281,6 +289,10 @@ class Consumer:
 
     def _count_stale(self) -> None:
         self._shared.metrics.stale_acks.labels(self.name).inc()
+
+
+_CLOSED = ChannelState()
+_CLOSED.open = False
 
 
 def _close_channel(channel: Any) -> None:

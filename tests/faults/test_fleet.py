@@ -4,7 +4,9 @@ duplicate a redelivery to the other replica would be (docs/failure-modes.md).
 Both replicas consume from the start; the one the broker gave the message to
 (its requests carry ``X-Replica``) is the one whose connection is cut, through
 its own fault proxy (the shared broker is never touched), or which is killed.
-Both share the Redis at 127.0.0.1:6379 (or, for the control case, nothing).
+Both share the Redis at 127.0.0.1:6379 (or, for the control case, nothing),
+each through a proxy of its own where a test must decide the order in which
+their claims reach it.
 """
 
 from __future__ import annotations
@@ -148,3 +150,70 @@ def test_a_dead_owners_event_is_delivered_once_its_claim_expires(fleet, make_sub
     assert len(sub.requests) == 2  # the owner's (cut off) and the other's: not a third
     assert 12.0 <= waited <= 20.0, waited
     print(f"\nredelivery waited {waited:.1f} s for the dead owner's claim (TTL 13 s)")
+
+
+def test_a_connection_cut_before_the_first_request_sends_nothing_twice(fleet, make_subscriber):
+    """The first of the soak's two windows. The owner's claim is on its way to the
+    store (held there by its proxy) when its broker connection is reset; the broker
+    redelivers to the other replica, whose claim gets in first, and which delivers.
+    The owner's claim then finds the key held, or settled, by the other. It used to
+    send its request all the same ("a publisher's duplicate"): two requests for one
+    event. Now it waits for that attempt, finds its own channel gone, and leaves the
+    message to the broker, which has it back already."""
+    sub = make_subscriber()
+    brokers = {"a": FaultProxy(5672), "b": FaultProxy(5672)}
+    stores = {"a": FaultProxy(6379), "b": FaultProxy(6379)}
+    try:
+        urls = {name: proxy.url for name, proxy in brokers.items()}
+        replicas = {
+            name: fleet["start"](
+                name,
+                fleet_config(
+                    fleet["queue"],
+                    sub.url,
+                    fleet["binding"],
+                    urls[name],
+                    f"redis://127.0.0.1:{stores[name].port}/0",
+                    name,
+                ),
+            )
+            for name in urls
+        }
+        for replica in replicas.values():
+            replica.wait_for("consumer attached", binding=fleet["binding"])
+        for store in stores.values():
+            store.hold()
+        publish(fleet["queue"], headers=event_headers("fleet-3"))
+        # The owner is the replica whose claim is now held on its way to the store.
+        owner = wait_until(
+            lambda: next((n for n, s in stores.items() if s.held_bytes), None),
+            10,
+            "a claim on its way to the store",
+        )
+        other = "b" if owner == "a" else "a"
+        brokers[owner].blackhole()  # its reconnects hang: the broker redelivers elsewhere
+        brokers[owner].reset_all()
+        stores[other].release()
+        [first] = sub.wait_for(1, timeout=20)
+        assert first.headers["x-replica"] == other
+        stores[owner].release()  # the owner's claim arrives after the other's
+        left = "channel closed before the request: left for redelivery"
+        ended = wait_until(
+            lambda: [
+                line
+                for line in replicas[owner].lines
+                if line.get("ce_id") == "fleet-3" and line.get("event") in (left, "delivery")
+            ],
+            20,
+            "the owner's attempt to end",
+        )
+        replicas[other].wait_for("delivery", ce_id="fleet-3", outcome="delivered")
+        wait_until(lambda: queue_depth(fleet["queue"]) == 0, 10, "the queue to drain")
+        assert [(r.headers["ce-id"], r.headers["x-replica"]) for r in sub.requests] == [
+            ("fleet-3", other)
+        ]
+        assert [line["event"] for line in ended] == [left]
+    finally:
+        for proxy in (*brokers.values(), *stores.values()):
+            proxy.release()
+            proxy.close()

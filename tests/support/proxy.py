@@ -4,9 +4,12 @@
 firewall that forgot the flow does: no FIN, no RST, just silence.
 ``restore()`` lets new connections through again (black-holed ones stay dead,
 as they would behind such a firewall). ``reset_all()`` closes every proxied
-connection at once. ``drop_confirms=True`` passes every frame but the broker's
-``basic.ack``: a broker that stays up and never confirms, as a quorum queue
-without a majority does.
+connection at once. ``hold()`` keeps what the client sends from the server,
+without losing it, until ``release()`` (``held_bytes`` says whether anything
+came meanwhile): a request that reaches its server late, in a known order.
+``drop_confirms=True`` passes every frame but the broker's ``basic.ack``: a
+broker that stays up and never confirms, as a quorum queue without a majority
+does.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class FaultProxy:
         self._pairs: list[tuple[socket.socket, socket.socket, threading.Event]] = []
         self._holes: set[int] = set()  # ids of black-holed pairs
         self._blackhole = False
+        self._held: list[tuple[socket.socket, bytes]] | None = None  # (upstream, data) in order
+        self.held_bytes = 0
         self._closed = threading.Event()
         self.accepted = 0
         threading.Thread(target=self._accept, daemon=True).start()
@@ -47,6 +52,19 @@ class FaultProxy:
     def restore(self) -> None:
         with self._lock:
             self._blackhole = False
+
+    def hold(self) -> None:
+        with self._lock:
+            self._held = []
+            self.held_bytes = 0
+
+    def release(self) -> None:
+        """Send what was held, in order, and pass everything through again."""
+        with self._lock:
+            held, self._held = self._held or [], None
+            for upstream, data in held:
+                with contextlib.suppress(OSError):
+                    upstream.sendall(data)
 
     def reset_all(self) -> None:
         with self._lock:
@@ -104,6 +122,8 @@ class FaultProxy:
                     silent = id(pair) in self._holes
                 for sock in readable:
                     data = sock.recv(65536)
+                    if data and sock is client and self._keep_held(upstream, data):
+                        continue
                     if data and sock is upstream and self._drop_confirms:
                         data, downstream = _without_acks(downstream + data)
                         if not data:
@@ -124,6 +144,14 @@ class FaultProxy:
                 for sock in (client, upstream):
                     with contextlib.suppress(OSError):
                         sock.close()
+
+    def _keep_held(self, upstream: socket.socket, data: bytes) -> bool:
+        with self._lock:
+            if self._held is None:
+                return False
+            self._held.append((upstream, data))
+            self.held_bytes += len(data)
+            return True
 
 
 _BASIC_ACK = (60, 80)  # AMQP 0-9-1 class and method ids

@@ -215,3 +215,25 @@ def test_a_settled_answer_acks_and_a_held_one_waits_for_it(loop) -> None:
     store = FakeStore(loop, [0, 0, 2])
     assert run(loop, shared_on(loop, store).claim_or_wait(KEY, 10.0)) == "settled"
     assert len(store.claims) == 3
+
+
+@pytest.mark.parametrize(("answers", "polls"), [([0, 0, 2], 3), ([0, 1], 2), ([0, None, 1], 3)])
+def test_a_first_delivery_held_elsewhere_waits_for_that_attempt(loop, answers, polls) -> None:
+    """Another replica holds the key of a first delivery: the broker redelivered it
+    there after this message's channel died (their claims raced), or the publisher
+    sent it twice. Never both requests at once: it waits for that attempt to settle,
+    be released or expire, and only then goes on (the handler sends nothing if the
+    channel is gone)."""
+    store = FakeStore(loop, answers)
+    started = time.monotonic()
+    claim = run(loop, shared_on(loop, store).claim_first(KEY))
+    assert isinstance(claim, Claim)
+    assert len(store.claims) == polls
+    assert time.monotonic() - started >= 0.05 * (polls - 1)  # it polled, with pauses
+
+
+def test_a_first_delivery_claimed_or_unanswered_goes_at_once(loop) -> None:
+    for answers in ([1], [2], [None]):
+        store = FakeStore(loop, answers)
+        assert isinstance(run(loop, shared_on(loop, store).claim_first(KEY)), Claim)
+        assert len(store.claims) == 1, answers

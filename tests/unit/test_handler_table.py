@@ -40,7 +40,7 @@ from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import Claim, Key, MemoryDedupe
 from dispatcher.events import AmqpMessage, Event, HttpRequestParts, Unreadable
 from dispatcher.filters import compile_filter
-from dispatcher.handler import Action, Handler, Received
+from dispatcher.handler import Action, ChannelState, Handler, Received
 from dispatcher.loop import Future, Loop
 from dispatcher.metrics import OUTCOMES, Metrics
 from dispatcher.reply import Replier
@@ -287,6 +287,7 @@ class Row:
     # attempt ends so once the Handler waits for it; busy / fake_settled: ScriptedDedupe.
     dedupe: str = "memory"
     shutdown: str = "never"  # before: give_up() first; in_backoff: during the requeue wait
+    channel_open: bool = True  # False: the message's channel closed before anything was sent
     # -- then
     action: Action = Action.ACK
     outcome: str | None = None  # the line's and the counter's; None: neither
@@ -821,6 +822,32 @@ ROWS = [
         status=200,
         settled_after=False,  # the other attempt holds the key; this one made no claim
     ),
+    # ------------------------------------------------------------ the channel closed first
+    Row(
+        "channel-closed-before-the-request-left-unsent",
+        subscriber=(ok(),),
+        channel_open=False,
+        action=Action.LEAVE,
+        sends=0,
+        settled_after=False,
+    ),
+    Row(
+        "channel-closed-redelivery-claimed-left-unsent",
+        subscriber=(ok(),),
+        redelivered=True,
+        channel_open=False,
+        action=Action.LEAVE,
+        sends=0,
+        settled_after=False,
+    ),
+    Row(
+        "channel-closed-malformed-not-dead-lettered",
+        binding=config(SINK),
+        message=BAD_SPECVERSION,
+        channel_open=False,
+        action=Action.LEAVE,
+        sends=0,
+    ),
     # ------------------------------------------------------------ messages that cannot go
     Row(
         "not-a-cloudevent-wrapped-and-delivered",
@@ -1017,8 +1044,11 @@ def run(row: Row, messages: int = 1) -> Ran:
         if holder is not None and isinstance(dedupe, MemoryDedupe):
             # Runs once the Handler is waiting for the attempt in flight.
             loop.call_soon(dedupe.release, holder, row.dedupe == "in_flight_then_settled")
+        channel = ChannelState()
+        channel.open = row.channel_open
         for tag in range(messages):
-            received = Received(1, tag, row.redelivered or tag > 0, row.message, row.unreadable)
+            redelivered = row.redelivered or tag > 0
+            received = Received(1, tag, redelivered, row.message, row.unreadable, channel)
             action = loop.run_until_complete(handler.handle(received))
     finally:
         loop.close()
