@@ -87,17 +87,15 @@ return out
 """
 
 # Per key and three arguments (owner value, settled 1/0, window in ms): a settled
-# event is marked unless another owner holds the key now; a released claim is
-# deleted only if it is still ours.
+# event is marked whoever holds the key (that it was delivered is a fact no claim
+# outranks: a claim another owner made, or one applied after its caller gave up on
+# it, must not leave a delivered event unmarked, and then deleted by its own
+# release); a released claim is deleted only if it is still ours.
 _SETTLE: Final = """
 for i, key in ipairs(KEYS) do
-  local mine = ARGV[3 * i - 2]
-  local held = redis.call('GET', key)
   if ARGV[3 * i - 1] == '1' then
-    if held == mine or held == false then
-      redis.call('SET', key, 's', 'PX', ARGV[3 * i])
-    end
-  elseif held == mine then
+    redis.call('SET', key, 's', 'PX', ARGV[3 * i])
+  elseif redis.call('GET', key) == ARGV[3 * i - 2] then
     redis.call('DEL', key)
   end
 end
@@ -328,7 +326,14 @@ class RedisClaims:
 
     def _set_up(self, up: bool) -> None:
         if up and not self.up:
-            log.info("dedupe store available again", store=redact_url(self._url))
+            with self._ready:
+                pending = len(self._settles)
+            # Written next, before any new claim: said here, since a lost one is a duplicate.
+            log.info(
+                "dedupe store available again",
+                store=redact_url(self._url),
+                pending_settlements=pending,
+            )
         self.up = up
         self._up_gauge.set(1 if up else 0)
 

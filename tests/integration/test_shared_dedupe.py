@@ -24,6 +24,7 @@ from dispatcher.redis_claims import CALL_TIMEOUT, RedisClaims
 from dispatcher.waits import Waits
 from tests.support.broker import event_headers, publish, unique
 from tests.support.node import free_port
+from tests.support.proxy import FaultProxy
 from tests.support.redis_server import SHARED_URL, RedisServer, binding_keys, delete_binding_keys
 
 pytestmark = pytest.mark.redis
@@ -142,6 +143,65 @@ def test_a_publishers_duplicate_is_still_delivered(loop, replicas, binding) -> N
     b.dedupe.release(again, False)  # its failure must not undo the first's settlement
     b.claims.close(5.0)
     assert list(binding_keys(binding).values()) == ["s"]
+
+
+def test_a_delivery_settled_under_another_owners_claim_stays_settled(
+    loop, replicas, binding
+) -> None:
+    """The second of the soak's windows. B's claim is in the store (a claim applied
+    after its caller gave up on it, or one made while A's store did not answer A).
+    A's store does not answer A's claim for the redelivery, so A's memory decides
+    and A delivers; A's settlement reaches the store once it answers again. It used
+    to be refused there (another owner held the key), and B's release then deleted
+    the key: nothing said the event was delivered, and the next redelivery, once
+    A's ack was lost to a broker fault, went to the subscriber again."""
+    path = FaultProxy(6379)
+    try:
+        a = replicas(f"redis://127.0.0.1:{path.port}/0")
+        b, c = replicas(), replicas()
+        held = run(loop, b.dedupe.claim_first(KEY))
+        assert held is not None and held.shared is not None
+        path.blackhole()
+        found = run(loop, a.dedupe.claim_or_wait(KEY, 5.0))  # no answer: memory decides
+        assert isinstance(found, Claim) and not a.claims.up
+        path.restore()
+        a.dedupe.release(found, True)  # delivered
+        deadline = time.monotonic() + 10
+        while not a.claims.up and time.monotonic() < deadline:
+            run(loop, loop_sleep(loop, 0.05))
+        a.claims.close(5.0)  # every queued settlement written
+        b.dedupe.release(held, False)  # B's own attempt failed
+        b.claims.close(5.0)
+        assert list(binding_keys(binding).values()) == ["s"]
+        assert run(loop, c.dedupe.claim_or_wait(KEY, 5.0)) == "settled"
+    finally:
+        path.close()
+
+
+def test_an_idle_replica_writes_what_it_settled_as_the_store_came_back(loop, replicas) -> None:
+    """The first reading of the second window: a settlement made while this replica
+    still thought the store was down (just after it came back), and then no traffic
+    at all. The probe finds the store on its own, and the settlement is written
+    then, without waiting for another claim."""
+    server = RedisServer().start()
+    path = FaultProxy(server.port)
+    try:
+        a = replicas(f"redis://127.0.0.1:{path.port}/0")
+        claim = run(loop, a.dedupe.claim_first(KEY))
+        assert claim is not None
+        path.blackhole()
+        run(loop, a.dedupe.claim_first(("/orders", "during")))  # the outage, noticed
+        assert not a.claims.up
+        path.restore()
+        a.dedupe.release(claim, True)  # delivered before the replica noticed the store back
+        started = time.monotonic()
+        while "s" not in server.keys().values() and time.monotonic() - started < 10:
+            run(loop, loop_sleep(loop, 0.05))  # the engine's loop runs; no claim, no message
+        assert "s" in server.keys().values()
+        assert time.monotonic() - started < 3.0  # a probe interval (1 s), a call, slack
+    finally:
+        path.close()
+        server.close()
 
 
 # ----------------------------------------------------------------- faults
