@@ -15,6 +15,8 @@ class Received:
     headers: dict[str, str]  # lower-cased names
     body: bytes
     at: float
+    method: str = "POST"
+    version: str = "HTTP/1.1"  # the request line's
 
 
 @dataclass
@@ -87,6 +89,8 @@ class Subscriber:
                     {k.lower(): v for k, v in self.headers.items()},
                     body,
                     time.monotonic(),
+                    self.command,
+                    self.request_version,
                 )
                 with owner._cond:
                     index = len(owner.requests)
@@ -110,5 +114,25 @@ class Subscriber:
                 finally:
                     with owner._cond:
                         owner.concurrent -= 1
+
+            # Any other method is recorded too (a test can tell it was used) and refused.
+            def _other(self) -> None:
+                received = Received(
+                    self.path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    b"",
+                    time.monotonic(),
+                    self.command,
+                    self.request_version,
+                )
+                with owner._cond:
+                    owner.requests.append(received)
+                    owner._cond.notify_all()
+                self.send_response(405)
+                self.send_header("allow", "POST")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            do_GET = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_HEAD = _other
 
         return Handler
