@@ -9,8 +9,9 @@ Semantics, as Knative's broker filter evaluates them
 (``knative/eventing``, ``pkg/eventfilter``):
 
 - ``filter.attributes``: every listed attribute equals its value exactly; the
-  value ``""`` means the attribute is present and not empty. A missing
-  attribute fails.
+  value ``""`` matches any value of an attribute that is present, an empty one
+  included (Knative's specification, ``TriggerFilter``). A missing attribute
+  fails.
 - ``filters``: every entry must pass. ``exact``, ``prefix`` and ``suffix``
   compare each listed attribute case-sensitively, and a missing attribute
   fails; ``all`` passes when every nested filter does, ``any`` when one does,
@@ -53,7 +54,7 @@ def compile_filter(binding: BindingSettings) -> Predicate | None:
 def _attribute(name: str, value: str) -> Predicate:
     """One entry of ``filter.attributes``."""
     if value == "":
-        return lambda attributes: bool(attributes.get(name))
+        return lambda attributes: name in attributes
     return lambda attributes: attributes.get(name) == value
 
 

@@ -166,7 +166,7 @@ class AuthSettings:
 @dataclass(frozen=True, slots=True)
 class AttributesFilter:
     """``filter``: Knative's Trigger filter. Every listed attribute equals its value;
-    ``""`` means the attribute is present (and not empty). None listed: no filter."""
+    ``""`` means the attribute is present, whatever its value. None listed: no filter."""
 
     attributes: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "mapping"})
 

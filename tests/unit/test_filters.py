@@ -26,7 +26,7 @@ def reference(binding: dict[str, Any], attributes: dict[str, str]) -> bool:
         return all(reference_entry(entry, attributes) for entry in binding["filters"])
     for name, value in ((binding.get("filter") or {}).get("attributes") or {}).items():
         if value == "":
-            if attributes.get(name, "") == "":
+            if name not in attributes:  # present is enough, an empty value too
                 return False
         elif attributes.get(name) != value:
             return False
@@ -83,7 +83,7 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("missing extension", {"filter": {"attributes": {"tenant": "blue"}}}, False),
     ('"" and present', {"filter": {"attributes": {"region": ""}}}, True),
     ('"" and missing', {"filter": {"attributes": {"tenant": ""}}}, False),
-    ('"" and empty', {"filter": {"attributes": {"subject": ""}}}, False),
+    ('"" and present but empty', {"filter": {"attributes": {"subject": ""}}}, True),
     ("exact", {"filters": [{"exact": {"type": "com.example.order.created"}}]}, True),
     ("exact differs", {"filters": [{"exact": {"type": "com.example.order"}}]}, False),
     ("exact on a missing attribute", {"filters": [{"exact": {"tenant": "blue"}}]}, False),
