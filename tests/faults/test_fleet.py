@@ -22,14 +22,20 @@ from tests.support import broker
 from tests.support.broker import event_headers, publish, queue_depth, wait_until
 from tests.support.process import DispatcherProcess
 from tests.support.proxy import FaultProxy
-from tests.support.redis_server import SHARED_URL, delete_binding_keys
+from tests.support.redis_server import SHARED_URL, binding_keys, delete_binding_keys
 from tests.support.subscriber import Received, Reply
 
 pytestmark = [pytest.mark.fault, pytest.mark.redis, pytest.mark.broker]
 
 
 def fleet_config(
-    queue: str, subscriber: str, binding: str, url: str, store: str | None, name: str
+    queue: str,
+    subscriber: str,
+    binding: str,
+    url: str,
+    store: str | None,
+    name: str,
+    timeout: str = "2s",
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "broker": {"url": url, "reconnect": {"initial_delay": "50ms", "max_delay": "1s"}},
@@ -46,7 +52,7 @@ def fleet_config(
                 "headers": {"X-Replica": name},
                 "delivery": {
                     "retry": 0,
-                    "timeout": "2s",
+                    "timeout": timeout,
                     "backoff_delay": "50ms",
                     "backoff_max": "1s",
                 },
@@ -87,6 +93,42 @@ def start_both(fleet: dict[str, Any], sub_url: str, urls: dict[str, str], store:
     for replica in replicas.values():
         replica.wait_for("consumer attached", binding=fleet["binding"])
     return replicas
+
+
+def start_proxied(
+    fleet: dict[str, Any],
+    sub_url: str,
+    brokers: dict[str, FaultProxy],
+    stores: dict[str, FaultProxy],
+    timeout: str = "2s",
+) -> dict[str, DispatcherProcess]:
+    """Both replicas, each reaching the broker and the shared Redis through proxies
+    of its own: a test decides which of them loses which path, and when."""
+    replicas = {
+        name: fleet["start"](
+            name,
+            fleet_config(
+                fleet["queue"],
+                sub_url,
+                fleet["binding"],
+                brokers[name].url,
+                f"redis://127.0.0.1:{stores[name].port}/0",
+                name,
+                timeout,
+            ),
+        )
+        for name in brokers
+    }
+    for replica in replicas.values():
+        replica.wait_for("consumer attached", binding=fleet["binding"])
+    return replicas
+
+
+def owner_of(requests: list[Received], event_id: str) -> tuple[str, str]:
+    """(the replica that sent ``event_id`` first, the other one)."""
+    first = next(r for r in requests if r.headers["ce-id"] == event_id)
+    owner = first.headers["x-replica"]
+    return owner, "b" if owner == "a" else "a"
 
 
 @pytest.mark.parametrize("store", [SHARED_URL, None], ids=["store", "no-store"])
@@ -164,23 +206,7 @@ def test_a_connection_cut_before_the_first_request_sends_nothing_twice(fleet, ma
     brokers = {"a": FaultProxy(5672), "b": FaultProxy(5672)}
     stores = {"a": FaultProxy(6379), "b": FaultProxy(6379)}
     try:
-        urls = {name: proxy.url for name, proxy in brokers.items()}
-        replicas = {
-            name: fleet["start"](
-                name,
-                fleet_config(
-                    fleet["queue"],
-                    sub.url,
-                    fleet["binding"],
-                    urls[name],
-                    f"redis://127.0.0.1:{stores[name].port}/0",
-                    name,
-                ),
-            )
-            for name in urls
-        }
-        for replica in replicas.values():
-            replica.wait_for("consumer attached", binding=fleet["binding"])
+        replicas = start_proxied(fleet, sub.url, brokers, stores)
         for store in stores.values():
             store.hold()
         publish(fleet["queue"], headers=event_headers("fleet-3"))
@@ -217,3 +243,68 @@ def test_a_connection_cut_before_the_first_request_sends_nothing_twice(fleet, ma
         for proxy in (*brokers.values(), *stores.values()):
             proxy.release()
             proxy.close()
+
+
+def test_a_delivery_settled_while_another_replica_held_the_claim_is_never_sent_again(
+    fleet, make_subscriber
+):
+    """The second of the soak's two windows, with two real replicas. The owner's
+    request hangs; it loses the broker, which redelivers to the other, whose store
+    does not answer: memory decides and the other delivers (a duplicate the README
+    lists: the store was unreachable). The other's settlement reaches the store once
+    it answers, while the owner's claim still holds the key; the other then loses
+    the broker too, so its ack never arrives, and the event goes back to the owner,
+    whose first attempt now fails. That settlement used to be refused and the
+    owner's release then deleted the key: the owner delivered a third time. Now the
+    settlement stands, and the third delivery is acked without a request."""
+    held = {"first": threading.Event(), "second": threading.Event()}
+
+    def behaviour(request: Received, index: int) -> Reply:
+        if index == 0:
+            held["first"].wait(60)
+            return Reply(503)  # the owner's attempt fails: it releases its claim
+        if index == 1:
+            held["second"].wait(60)
+        return Reply(200)
+
+    sub = make_subscriber(behaviour)
+    brokers = {"a": FaultProxy(5672), "b": FaultProxy(5672)}
+    stores = {"a": FaultProxy(6379), "b": FaultProxy(6379)}
+    try:
+        # Attempts outlast every hold here: only the test ends them.
+        replicas = start_proxied(fleet, sub.url, brokers, stores, timeout="60s")
+        publish(fleet["queue"], headers=event_headers("fleet-4"))
+        owner, other = owner_of(sub.wait_for(1), "fleet-4")
+        stores[other].blackhole()
+        brokers[owner].blackhole()
+        brokers[owner].reset_all()
+        sub.wait_for(2, timeout=30)  # the other's request: its memory decided
+        assert sub.requests[1].headers["x-replica"] == other
+        stores[other].restore()
+        replicas[other].wait_for("dedupe store available again", timeout=20)
+        brokers[other].blackhole()  # its ack will never arrive
+        brokers[other].reset_all()
+        held["second"].set()
+        replicas[other].wait_for("delivery", ce_id="fleet-4", outcome="delivered")
+        brokers[owner].restore()  # the broker redelivers to the owner again
+        wait_until(lambda: attached(replicas[owner]) == 2, 30, "the owner consuming again")
+        # The other's settlement stands in the store, though the owner's claim held the key.
+        wait_until(
+            lambda: list(binding_keys(fleet["binding"]).values()) == ["s"],
+            10,
+            "the other's settlement in the store",
+        )
+        held["first"].set()  # the owner's attempt fails now, and releases its claim
+        wait_until(lambda: queue_depth(fleet["queue"]) == 0, 30, "the queue to drain")
+        replicas[owner].wait_for("duplicate suppressed", timeout=30, ce_id="fleet-4")
+        assert [r.headers["x-replica"] for r in sub.requests] == [owner, other]
+    finally:
+        for event in held.values():
+            event.set()
+        for proxy in (*brokers.values(), *stores.values()):
+            proxy.release()
+            proxy.close()
+
+
+def attached(replica: DispatcherProcess) -> int:
+    return sum(1 for line in replica.lines if line.get("event") == "consumer attached")
