@@ -1,7 +1,7 @@
 """The operations listener: ``/metrics``, ``/healthz`` and ``/readyz`` on ``http.listen``.
 
-Served by the standard library on a thread of its own, never by pika's or a
-worker's. ``prometheus_client.start_http_server`` would answer every path with
+Served by the standard library on threads of its own, never by pika's or the
+engine's. ``prometheus_client.start_http_server`` would answer every path with
 metrics, so the three paths are routed here and anything else is a 404.
 
 - ``/healthz``: 200 while the process and its broker I/O loop are alive. The
@@ -10,15 +10,34 @@ metrics, so the three paths are routed here and anything else is a 404.
   Kubernetes should restart the pod: 503.
 - ``/readyz``: 200 only while every binding has a live consumer; otherwise 503
   with ``{"ready": false, "down": [bindings...]}``. 503 during shutdown.
+
+Hostile clients (a port scan, a load balancer that half-opens connections, a
+slow client sending a byte a second) must not cost a probe its answer, nor the
+log its JSON. So connections are not a thread each: one thread (``ops-http``)
+accepts every connection and reads what it sends, with a selector, and only a
+request whose head has fully arrived goes to one of ``WORKERS`` threads, which
+parse and answer it with ``http.server`` (from the bytes already read, so no
+worker ever waits on a slow client). A
+connection that has not sent its head within ``HEAD_DEADLINE``, or sends more
+than ``MAX_HEAD`` bytes without finishing it, is closed; past
+``MAX_CONNECTIONS`` the oldest is closed to make room. A client that goes
+away or sends junk is one debug line, never a traceback. The listen backlog
+is large, so a burst of connects is accepted, not left to SYN retransmits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import queue
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -27,6 +46,15 @@ from dispatcher.logs import get_logger
 log = get_logger()
 
 STUCK_AFTER = 10.0  # seconds without a broker-loop tick before /healthz says 503
+
+BACKLOG: Final = 1024  # connects queued by the kernel while the accept loop is busy
+WORKERS: Final = 2  # threads that answer complete requests (each takes milliseconds)
+MAX_CONNECTIONS: Final = 2048  # open at once; the oldest is closed past this
+HEAD_DEADLINE: Final = 5.0  # seconds for a client to send its whole request head
+MAX_HEAD: Final = 8 * 1024  # bytes: the request line and headers of a GET
+WRITE_TIMEOUT: Final = 2.0  # seconds a worker waits for a client to take an answer
+_END_OF_HEAD: Final = b"\r\n\r\n"
+_TICK: Final = 0.5  # the accept loop's check of deadlines and of close()
 
 
 class OpsServer:
@@ -45,30 +73,47 @@ class OpsServer:
         self._consumers = consumers
         self._stopping = stopping
         self._clock = clock
-        self._server = ThreadingHTTPServer((host, port), self._handler())
-        self._server.daemon_threads = True
-        self._started = False
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="ops-http",
-            daemon=True,
-        )
+        self._listener = socket.create_server((host, port), backlog=BACKLOG)
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        # Each connection still sending its head: when it opened, what it sent so
+        # far (insertion order: oldest first).
+        self._waiting: dict[socket.socket, tuple[float, bytearray]] = {}
+        self._ready: queue.SimpleQueue[tuple[socket.socket, bytes] | None] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._accept_loop, name="ops-http", daemon=True),
+            *(
+                threading.Thread(target=self._work, name=f"ops-http-{n}", daemon=True)
+                for n in range(WORKERS)
+            ),
+        ]
+        self._handler = self._handler_class()
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._listener.getsockname()[1])
 
     def start(self) -> None:
-        self._thread.start()
-        self._started = True
+        for thread in self._threads:
+            thread.start()
         log.info("listening", port=self.port, paths=["/metrics", "/healthz", "/readyz"])
 
     def close(self) -> None:
-        # shutdown() waits for serve_forever to return: never call it if it never ran.
-        if self._started:
-            self._server.shutdown()
-        self._server.server_close()
+        """Stop accepting and answering; bounded, whether or not ``start`` ran."""
+        self._closed.set()
+        for _ in range(WORKERS):
+            self._ready.put(None)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(2 * _TICK + WRITE_TIMEOUT)
+        for sock in list(self._waiting):
+            self._drop(sock, None)
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            self._selector.unregister(self._listener)
+        self._selector.close()
+        self._listener.close()
 
     # ----------------------------------------------------------------- answers
 
@@ -86,17 +131,104 @@ class OpsServer:
             return 503, {"ready": False, "down": down}
         return 200, {"ready": True}
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
+    # ----------------------------------------------------------------- the accept loop
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            for key, _events in self._selector.select(_TICK):
+                if key.fileobj is self._listener:
+                    self._accept()
+                else:
+                    self._check(key.fileobj)  # type: ignore[arg-type]
+            self._expire()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors, say: try again on the next event
+                log.debug("ops listener could not accept", error=str(e))
+                return
+            if len(self._waiting) >= MAX_CONNECTIONS:
+                self._drop(next(iter(self._waiting)), "too many open connections")
+            sock.setblocking(False)
+            self._waiting[sock] = (self._clock(), bytearray())
+            self._selector.register(sock, selectors.EVENT_READ)
+
+    def _check(self, sock: socket.socket) -> None:
+        """Bytes arrived: keep them; hand the request over once its head is complete."""
+        try:
+            data = sock.recv(MAX_HEAD)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(sock, type(e).__name__)
+            return
+        head = self._waiting[sock][1]
+        head += data
+        if not data:
+            self._drop(sock, "closed before a whole request")
+        elif _END_OF_HEAD in head:
+            self._selector.unregister(sock)
+            del self._waiting[sock]
+            self._ready.put((sock, bytes(head)))
+        elif len(head) > MAX_HEAD:
+            self._drop(sock, "request head too large")
+
+    def _expire(self) -> None:
+        deadline = self._clock() - HEAD_DEADLINE
+        for sock, (opened, _head) in list(self._waiting.items()):
+            if opened > deadline:
+                return  # the rest are younger
+            self._drop(sock, "no request within the deadline")
+
+    def _drop(self, sock: socket.socket, why: str | None) -> None:
+        if self._waiting.pop(sock, None) is not None:
+            with contextlib.suppress(OSError, KeyError, ValueError):
+                self._selector.unregister(sock)
+        with contextlib.suppress(OSError):
+            sock.close()
+        if why is not None:
+            log.debug("ops client dropped", reason=why)
+
+    # ----------------------------------------------------------------- the workers
+
+    def _work(self) -> None:
+        while True:
+            request = self._ready.get()
+            if request is None:
+                return
+            sock = request[0]
+            try:
+                sock.settimeout(WRITE_TIMEOUT)
+                self._handler(request, None, self)
+            except Exception as e:  # a client gone mid-answer, say: one line, no traceback
+                log.debug("ops client dropped", reason=f"{type(e).__name__}: {e}")
+            finally:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _handler_class(self) -> Any:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            """``http.server``'s parsing and answering, fed the head already read."""
+
             server_version = "dispatcher"
             sys_version = ""
-            # A client that connects and sends nothing must not hold a thread forever.
-            timeout = 10.0
+
+            def setup(self) -> None:
+                self.connection, head = self.request
+                self.rfile = io.BytesIO(head)
+                self.wfile = self.connection.makefile("wb")
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the delivery log
+
+            def log_error(self, format: str, *args: object) -> None:
+                log.debug("ops client sent a bad request", detail=format % args)
 
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
