@@ -35,7 +35,7 @@ except OSError as e:
 endef
 export BROKER_CHECK_PY
 
-.PHONY: all venv run publish test test-unit test-faults bench bench-pipeline lint clean distclean image image-smoke
+.PHONY: all venv run publish test test-unit test-faults bench bench-pipeline soak lint clean distclean image image-smoke
 
 all: venv
 
@@ -87,6 +87,14 @@ bench: $(VENV)/.bench-installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
 	$(PY) tests/bench/http_engines.py
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
+
+# Two replicas sharing a dedupe store under random broker, store, subscriber and
+# replica faults for SOAK_ARGS' --minutes (default 20), then a ledger of what was
+# lost and which duplicates fell in which fault window (tests/soak/fleet_soak.py).
+# Not part of `make test`: it runs for as long as it is told. Output in .soak/.
+SOAK_ARGS ?=
+soak: $(VENV)/.installed
+	$(PY) tests/soak/fleet_soak.py $(SOAK_ARGS)
 
 # The batch side alone: report over 1M log lines, replay of 100k events.
 bench-pipeline: $(VENV)/.installed
