@@ -103,10 +103,12 @@ def test_cp_content_based_routing_replies_are_enqueued_with_the_same_routing_and
     svc = run_service(
         sub.url, reply={"exchange": exchange}, extra_queues=[replies], extra_exchanges=[exchange]
     )
-    publish(svc.queue, headers=event_headers("cp-5"))
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    publish(svc.queue, headers=event_headers("cp-5", traceparent=traceparent))
     [(props, body)] = wait_until(lambda: broker.get_all(replies), message="the reply")
     assert props.delivery_mode == 2
     assert (props.headers["ce-id"], body) == ("reply-1", b'{"r": 1}')
+    assert props.headers["traceparent"] == traceparent  # the trace goes on
 
 
 def test_cp_content_based_routing_a_reply_meets_every_trigger_its_own_included(
