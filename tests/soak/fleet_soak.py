@@ -125,6 +125,25 @@ class Fleet:
             path = self.out / f"{name}-{self.incarnations[name]}" / "output.jsonl"
             path.write_text(process.output())
 
+    def resources(self) -> dict[str, dict[str, int]]:
+        """Threads, open descriptors and RSS (kB) of each replica never restarted:
+        what must stay flat across faults."""
+        found = {}
+        for name, process in self.replicas.items():
+            if self.incarnations[name] != 1 or process.popen.poll() is not None:
+                continue
+            proc = Path(f"/proc/{process.popen.pid}")
+            status = (proc / "status").read_text()
+            rss = next(
+                int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")
+            )
+            found[name] = {
+                "threads": len(list((proc / "task").iterdir())),
+                "fds": len(list((proc / "fd").iterdir())),
+                "rss_kb": rss,
+            }
+        return found
+
     def depth(self) -> int:
         return self.node.ready_messages(QUEUE) + self.node.unacked(QUEUE)
 
@@ -336,13 +355,17 @@ def main(argv: list[str] | None = None) -> int:
         publisher = Publisher(fleet.node.url, args.rate, ledger)
         schedule = Schedule(fleet, args.seed)
         publisher.start()
+        warm = min(60.0, args.minutes * 60 / 4)
+        time.sleep(warm)  # the soak's own length, not a synchronisation
+        before = fleet.resources()
         schedule.start()
-        time.sleep(args.minutes * 60)  # the soak's own length, not a synchronisation
+        time.sleep(args.minutes * 60 - warm)
         schedule.stop.set()
         schedule.join(120)
         publisher.stop.set()
         publisher.join(30)
         drained = wait_for_drain(fleet)
+        after = fleet.resources()
         for process in fleet.replicas.values():
             process.stop(timeout=30)
         fleet.save_logs()
@@ -351,8 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         fleet.close()
     report = ledger.report()
     report.update(seed=args.seed, minutes=args.minutes, rate=args.rate, drained=drained)
+    report["resources"] = {"before_faults": before, "after_drain": after}
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     print(table(report))
+    for name in after:
+        print(f"[soak] replica {name}, never restarted: {before.get(name)} -> {after[name]}")
     unexplained = report["duplicates_by_class"].get("unexplained", 0)
     for duplicate in report["duplicates"]:
         print(f"[soak] duplicate {duplicate['id']} ({duplicate['class']}): {duplicate['requests']}")
