@@ -114,6 +114,8 @@ class Fleet:
         }
 
     def start_replica(self, name: str) -> None:
+        if name in self.replicas:  # a restart: keep what the one before wrote
+            self._save_log(name)
         self.incarnations[name] += 1
         folder = self.out / f"{name}-{self.incarnations[name]}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -122,9 +124,12 @@ class Fleet:
         process.wait_for("listening", timeout=60)
 
     def save_logs(self) -> None:
-        for name, process in self.replicas.items():
-            path = self.out / f"{name}-{self.incarnations[name]}" / "output.jsonl"
-            path.write_text(process.output())
+        for name in self.replicas:
+            self._save_log(name)
+
+    def _save_log(self, name: str) -> None:
+        path = self.out / f"{name}-{self.incarnations[name]}" / "output.jsonl"
+        path.write_text(self.replicas[name].output())
 
     def resources(self) -> dict[str, dict[str, int]]:
         """Threads, open descriptors and RSS (kB) of each replica never restarted:
