@@ -53,7 +53,9 @@ MAX_CONNECTIONS: Final = 2048  # open at once; the oldest is closed past this
 HEAD_DEADLINE: Final = 5.0  # seconds for a client to send its whole request head
 MAX_HEAD: Final = 8 * 1024  # bytes: the request line and headers of a GET
 WRITE_TIMEOUT: Final = 2.0  # seconds a worker waits for a client to take an answer
-_END_OF_HEAD: Final = b"\r\n\r\n"
+# The empty line that ends a head: http.server takes bare LF line ends too (a
+# hand-typed ``printf 'GET /healthz HTTP/1.0\n\n' | nc``), so both count.
+_ENDS_OF_HEAD: Final = (b"\n\r\n", b"\n\n")
 _TICK: Final = 0.5  # the accept loop's check of deadlines and of close()
 
 
@@ -170,7 +172,7 @@ class OpsServer:
         head += data
         if not data:
             self._drop(sock, "closed before a whole request")
-        elif _END_OF_HEAD in head:
+        elif any(end in head for end in _ENDS_OF_HEAD):
             self._selector.unregister(sock)
             del self._waiting[sock]
             self._ready.put((sock, bytes(head)))

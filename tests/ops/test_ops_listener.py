@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from dispatcher.http.server import OpsServer
 from tests.support import broker
 from tests.support.process import DispatcherProcess
-
-pytestmark = pytest.mark.broker
 
 BURST = 1000  # connections of each kind
 SLOW = 500  # clients that keep sending nothing useful while the probe runs
@@ -54,6 +54,7 @@ def service(tmp_path: Path) -> Iterator[DispatcherProcess]:
         broker.delete([queue])
 
 
+@pytest.mark.broker
 def test_hostile_clients_leave_no_traceback_and_cost_no_probe(service: DispatcherProcess) -> None:
     port = service.wait_for("listening")["port"]
     threads_before = threads(service.popen.pid)
@@ -88,6 +89,20 @@ def test_hostile_clients_leave_no_traceback_and_cost_no_probe(service: Dispatche
     raw = service.output().splitlines()
     assert [line for line in raw if not is_json(line)] == []
     assert not any("Traceback" in line or "Exception occurred" in line for line in raw)
+
+
+@pytest.mark.parametrize("head", [b"GET /healthz HTTP/1.0\n\n", b"GET /healthz HTTP/1.0\n\r\n"])
+def test_a_head_with_bare_line_feeds_is_answered(head: bytes) -> None:
+    # http.server reads such a head; a listener waiting for CRLF CRLF would hold a
+    # hand-typed `printf ... | nc` probe until its deadline and answer nothing.
+    server = OpsServer("127.0.0.1", 0, CollectorRegistry(), time.monotonic, dict, lambda: False)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(head)
+            assert sock.recv(64).startswith(b"HTTP/1.0 200 ")
+    finally:
+        server.close()
 
 
 def get(port: int, path: str) -> tuple[int, object]:
