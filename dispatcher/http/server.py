@@ -47,7 +47,12 @@ log = get_logger()
 
 STUCK_AFTER = 10.0  # seconds without a broker-loop tick before /healthz says 503
 
-BACKLOG: Final = 1024  # connects queued by the kernel while the accept loop is busy
+# Connects the kernel queues while the accept loop is busy (capped by
+# net.core.somaxconn, 4096 by default since Linux 5.4). The loop takes thousands
+# a second, so a full queue drains well within a probe's one-second timeout; at
+# 1,024 a burst at debug level overflowed now and then (a SYN dropped, then
+# retransmitted a second later).
+BACKLOG: Final = 4096
 WORKERS: Final = 2  # threads that answer complete requests (each takes milliseconds)
 MAX_CONNECTIONS: Final = 2048  # open at once; the oldest is closed past this
 HEAD_DEADLINE: Final = 5.0  # seconds for a client to send its whole request head
