@@ -19,8 +19,10 @@ request whose head has fully arrived goes to one of ``WORKERS`` threads, which
 parse and answer it with ``http.server`` (from the bytes already read, so no
 worker ever waits on a slow client). A
 connection that has not sent its head within ``HEAD_DEADLINE``, or sends more
-than ``MAX_HEAD`` bytes without finishing it, is closed; past
-``MAX_CONNECTIONS`` the oldest is closed to make room. A client that goes
+than ``MAX_HEAD`` bytes without finishing it, is closed. The listener holds
+at most ``connection_limit()`` connections, a share of the process's file
+descriptors, so hostile clients never take the ones deliveries need; past it
+the oldest still sending its head is closed to make room. A client that goes
 away or sends junk is one debug line, never a traceback. The listen backlog
 is large, so a burst of connects is accepted, not left to SYN retransmits.
 """
@@ -28,9 +30,11 @@ is large, so a burst of connects is accepted, not left to SYN retransmits.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import queue
+import resource
 import selectors
 import socket
 import threading
@@ -54,7 +58,10 @@ STUCK_AFTER = 10.0  # seconds without a broker-loop tick before /healthz says 50
 # retransmitted a second later).
 BACKLOG: Final = 4096
 WORKERS: Final = 2  # threads that answer complete requests (each takes milliseconds)
-MAX_CONNECTIONS: Final = 2048  # open at once; the oldest is closed past this
+MAX_CONNECTIONS: Final = 2048  # open at once, if the descriptor limit allows
+# The listener's share of the descriptor limit: the rest is for libcurl's
+# connections to subscribers, the broker, Redis and the log.
+DESCRIPTOR_SHARE: Final = 4
 HEAD_DEADLINE: Final = 5.0  # seconds for a client to send its whole request head
 MAX_HEAD: Final = 8 * 1024  # bytes: the request line and headers of a GET
 WRITE_TIMEOUT: Final = 2.0  # seconds a worker waits for a client to take an answer
@@ -62,6 +69,41 @@ WRITE_TIMEOUT: Final = 2.0  # seconds a worker waits for a client to take an ans
 # hand-typed ``printf 'GET /healthz HTTP/1.0\n\n' | nc``), so both count.
 _ENDS_OF_HEAD: Final = (b"\n\r\n", b"\n\n")
 _TICK: Final = 0.5  # the accept loop's check of deadlines and of close()
+_PAUSE: Final = 0.1  # seconds without accepting when no descriptor can be had
+# accept(2) on Linux passes on errors of the connection it took (the client
+# reset it, say): that connection is gone, the next one may be fine.
+_CONNECTION_ERRORS: Final = frozenset(
+    {
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.ENETDOWN,
+        errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
+        errno.ENONET,
+        errno.EHOSTUNREACH,
+        errno.EOPNOTSUPP,
+        errno.ENETUNREACH,
+        errno.EPERM,
+    }
+)
+# Out of descriptors or kernel memory: room may be made, or come back shortly.
+_OUT_OF_RESOURCES: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def connection_limit() -> int:
+    """How many connections the listener holds at once: ``MAX_CONNECTIONS``, or a
+    ``DESCRIPTOR_SHARE`` of the soft descriptor limit if that is less.
+
+    The service raises its soft limit to the hard one, but a hard limit can be
+    low too (``--ulimit nofile=1024:1024``). With more held connections than
+    the limit allows, slow clients would take the descriptors deliveries need,
+    and every accept would fail with EMFILE, leaving a probe's connect in the
+    backlog behind theirs.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(1, min(MAX_CONNECTIONS, soft // DESCRIPTOR_SHARE))
 
 
 class OpsServer:
@@ -88,6 +130,9 @@ class OpsServer:
         # far (insertion order: oldest first).
         self._waiting: dict[socket.socket, tuple[float, bytearray]] = {}
         self._ready: queue.SimpleQueue[tuple[socket.socket, bytes] | None] = queue.SimpleQueue()
+        self._limit = MAX_CONNECTIONS  # start() sets it from the limit then in force
+        self._resume_at: float | None = None  # while accepting is paused
+        self._stalled = False  # paused, and not one connection accepted since
         self._closed = threading.Event()
         self._threads = [
             threading.Thread(target=self._accept_loop, name="ops-http", daemon=True),
@@ -103,9 +148,17 @@ class OpsServer:
         return int(self._listener.getsockname()[1])
 
     def start(self) -> None:
+        # Read here, not at construction: the service raises its soft limit on open
+        # files just before it starts the listener.
+        self._limit = connection_limit()
         for thread in self._threads:
             thread.start()
-        log.info("listening", port=self.port, paths=["/metrics", "/healthz", "/readyz"])
+        log.info(
+            "listening",
+            port=self.port,
+            paths=["/metrics", "/healthz", "/readyz"],
+            max_connections=self._limit,
+        )
 
     def close(self) -> None:
         """Stop accepting and answering; bounded, whether or not ``start`` ran."""
@@ -117,7 +170,7 @@ class OpsServer:
                 thread.join(2 * _TICK + WRITE_TIMEOUT)
         for sock in list(self._waiting):
             self._drop(sock, None)
-        with contextlib.suppress(OSError, KeyError, ValueError):
+        with contextlib.suppress(OSError, KeyError, ValueError):  # paused, say
             self._selector.unregister(self._listener)
         self._selector.close()
         self._listener.close()
@@ -142,12 +195,14 @@ class OpsServer:
 
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
-            for key, _events in self._selector.select(_TICK):
+            timeout = _TICK if self._resume_at is None else _PAUSE
+            for key, _events in self._selector.select(timeout):
                 if key.fileobj is self._listener:
                     self._accept()
                 else:
                     self._check(key.fileobj)  # type: ignore[arg-type]
             self._expire()
+            self._resume()
 
     def _accept(self) -> None:
         while True:
@@ -155,17 +210,66 @@ class OpsServer:
                 sock, _address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # out of descriptors, say: try again on the next event
-                log.debug("ops listener could not accept", error=str(e))
+            except OSError as e:
+                if e.errno in _CONNECTION_ERRORS:
+                    continue
+                # Out of descriptors: taken by another part of the process, as the
+                # listener stays under its own limit. Make room from the oldest
+                # client still sending its head; failing that, or on an error we do
+                # not know, stop accepting for a moment: the listener stays
+                # readable, and taking it up again at once would spin.
+                if e.errno in _OUT_OF_RESOURCES and self._waiting:
+                    self._drop(next(iter(self._waiting)), f"no descriptor: {e.strerror}")
+                    continue
+                self._pause(f"could not accept: {e.strerror}")
                 return
-            if len(self._waiting) >= MAX_CONNECTIONS:
-                self._drop(next(iter(self._waiting)), "too many open connections")
-            sock.setblocking(False)
-            self._waiting[sock] = (self._clock(), bytearray())
-            self._selector.register(sock, selectors.EVENT_READ)
+            self._admit(sock)
+            if self._resume_at is not None:
+                return
+
+    def _admit(self, sock: socket.socket) -> None:
+        """Watch a new connection for its head, within the limit on held connections.
+
+        Past the limit the oldest client still sending its head is closed: every
+        real client (a kubelet, Prometheus) sends its head at once, so the oldest
+        is the likeliest slow one, and a probe, always the newest, gets in. When
+        all held connections have sent a whole request (the workers answer each
+        in a millisecond or so), accepting pauses instead: new connects wait in
+        the kernel's backlog, to be taken in order, not closed unanswered.
+        """
+        self._stalled = False
+        sock.setblocking(False)
+        self._waiting[sock] = (self._clock(), bytearray())
+        self._selector.register(sock, selectors.EVENT_READ)
+        # Complete requests queued for a worker hold a descriptor too; the ones a
+        # worker is answering (at most WORKERS) are left out of the count.
+        if len(self._waiting) + self._ready.qsize() <= self._limit:
+            return
+        oldest = next(iter(self._waiting))
+        if oldest is not sock:
+            self._drop(oldest, "too many open connections")
+        else:
+            self._pause("too many requests waiting for an answer")
+
+    def _pause(self, why: str) -> None:
+        """Stop taking connects for ``_PAUSE`` seconds. One debug line until a
+        connection is accepted again, not one per retry while descriptors run out."""
+        if self._resume_at is None:
+            self._selector.unregister(self._listener)
+        if not self._stalled:
+            self._stalled = True
+            log.debug("ops listener paused", reason=why)
+        self._resume_at = self._clock() + _PAUSE
+
+    def _resume(self) -> None:
+        if self._resume_at is not None and self._clock() >= self._resume_at:
+            self._resume_at = None
+            self._selector.register(self._listener, selectors.EVENT_READ)
 
     def _check(self, sock: socket.socket) -> None:
         """Bytes arrived: keep them; hand the request over once its head is complete."""
+        if sock not in self._waiting:
+            return  # closed earlier in this round (to make room): its line is written
         try:
             data = sock.recv(MAX_HEAD)
         except (BlockingIOError, InterruptedError):
