@@ -12,10 +12,12 @@ it, a *redelivered* message whose event (source, id) is
   to the broker, never sent a second time, if it is still running when the
   wait ends.
 
-Only redeliveries consult the store: a first delivery with the same id is a
+Only redeliveries are suppressed: a first delivery with the same id is a
 publisher's duplicate, which stays the subscriber's to judge (and two
-different plain messages can share a wrapped digest id). Memory is bounded:
-at most ``capacity`` settled keys, oldest forgotten first.
+different plain messages can share a wrapped digest id). But never two
+attempts at once: a first delivery whose key another attempt holds waits for
+it to end, then goes. Memory is bounded: at most ``capacity`` settled keys,
+oldest forgotten first.
 
 Every call runs on the engine loop's thread, so there are no locks; a waiter
 awaits a future, it does not hold a thread.
@@ -39,7 +41,7 @@ import secrets
 import socket
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future
@@ -104,9 +106,23 @@ class MemoryDedupe:
         """Register an attempt; ``None`` when another attempt for ``key`` is in flight."""
         return None if key in self._in_flight else self._new_claim(key)
 
-    async def claim_first(self, key: Key) -> Claim | None:
-        """``claim`` for a first delivery, awaitable like ``SharedDedupe``'s."""
-        return self.claim(key)
+    async def claim_first(self, key: Key, wait: float) -> Claim | Literal["busy"]:
+        """For a first delivery: a claim once no other attempt here holds ``key``.
+
+        Another in flight is the publisher's other copy of the event, or this
+        event's redelivery after a channel flap: the first attempt ends before
+        this one starts (then it goes all the same: a publisher's duplicate is
+        the subscriber's to judge), never both at once, and this one is claimed
+        and remembered like any other. ``"busy"`` if the other still runs after
+        ``wait`` or at shutdown.
+        """
+        deadline = self._waits.time() + wait
+        while (holder := self._in_flight.get(key)) is not None:
+            if holder.done is None:
+                holder.done = self._waits.future()
+            if await self._waits.wait(holder.done, deadline - self._waits.time()) is None:
+                return "busy"
+        return self._new_claim(key)
 
     def release(self, claim: Claim, settled: bool) -> None:
         if self._in_flight.get(claim.key) is claim:
@@ -169,10 +185,11 @@ class SharedDedupe:
     def enabled(self) -> bool:
         return self._window > 0
 
-    async def claim_first(self, key: Key) -> Claim | None:
-        claim = self._local.claim(key)
-        if claim is None:
-            return None  # a publisher's duplicate in flight here: the subscriber judges
+    async def claim_first(self, key: Key, wait: float) -> Claim | Literal["busy"]:
+        deadline = self._waits.time() + wait
+        claim = await self._local.claim_first(key, wait)
+        if not isinstance(claim, Claim):
+            return claim
         # Claimed in the store so that a redelivery elsewhere waits for this attempt.
         # Held by another replica's attempt: either the publisher sent the event
         # twice, or this message's channel died and the broker has already
@@ -180,7 +197,7 @@ class SharedDedupe:
         # wait for that attempt to end. Then a publisher's duplicate is delivered
         # all the same, and the handler sends nothing for a message whose channel
         # is gone (``Received.channel``).
-        if await self._poll(claim, self._waits.time() + self._ttl) == HELD:
+        if await self._poll(claim, deadline) == HELD:
             log.info("first delivery held by another replica past its claim", ce_id=key[1])
         return claim
 

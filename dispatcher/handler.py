@@ -191,17 +191,18 @@ class Handler:
         the Action when the event needs no attempt here (settled, or still busy)."""
         if not self._dedupe.enabled:
             return None
-        if not redelivered:
-            return await self._dedupe.claim_first(event.key)  # None: a publisher's duplicate
-        found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
+        if redelivered:
+            found = await self._dedupe.claim_or_wait(event.key, self._dedupe_wait)
+        else:
+            found = await self._dedupe.claim_first(event.key, self._dedupe_wait)
         if found == "settled":
             self._metrics.duplicates_suppressed.inc()
             self._log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
             return Action.ACK
         if found == "busy":
-            # The first attempt is still running: a second request would be the
+            # Another attempt is still running: a second request now would be the
             # duplicate we exist to prevent. Give the message back instead.
-            self._log.info("redelivery deferred: first attempt still in flight", ce_id=event.id)
+            self._log.info("delivery deferred: another attempt still in flight", ce_id=event.id)
             return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
         return found
 

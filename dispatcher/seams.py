@@ -172,8 +172,9 @@ class Dedupe(Protocol):
         """For a redelivery: settled already, a new claim, or still busy after ``wait``."""
         ...
 
-    async def claim_first(self, key: Key) -> Claim | None:
-        """For a first delivery; ``None`` when another attempt holds the key."""
+    async def claim_first(self, key: Key, wait: float) -> Claim | Literal["busy"]:
+        """For a first delivery: a claim once no other attempt holds the key (it
+        waits for one that does); ``"busy"`` if that one still runs after ``wait``."""
         ...
 
     def release(self, claim: Claim, settled: bool) -> None: ...

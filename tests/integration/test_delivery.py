@@ -406,6 +406,28 @@ def test_parallelism_bounds_concurrent_requests(make_subscriber, run_service):
     assert sub.max_concurrent == 3
 
 
+def test_a_publishers_two_copies_are_both_sent_but_never_at_once(make_subscriber, run_service):
+    """The soak's same-replica duplicate: the publisher sent an event twice and both
+    copies were in this process together. The second is the subscriber's to judge,
+    so it is sent, but after the first attempt ended, never beside it."""
+
+    def hold_the_first(_request: Received, index: int) -> Reply:
+        if index == 0:
+            # Both copies are with the dispatcher before the first is answered; the
+            # half second is room for a second request that must not come.
+            wait_until(lambda: queue_depth(svc.queue) == 0, message="both copies taken")
+            return Reply(200, delay=0.5)
+        return Reply(200)
+
+    sub = make_subscriber(hold_the_first)
+    svc = run_service(sub.url, parallelism=5)
+    publish(svc.queue, b"1", headers=event_headers("twice-1"))
+    publish(svc.queue, b"2", headers=event_headers("twice-1"))
+    first, second = sub.wait_for(2)
+    svc.wait_events("delivered", 2)
+    assert (first.body, second.body) == (b"1", b"2")
+    assert sub.max_concurrent == 1
+
 def test_ordered_delivers_one_at_a_time_in_queue_order_retries_included(
     make_subscriber, run_service
 ):

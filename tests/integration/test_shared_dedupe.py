@@ -80,7 +80,7 @@ def run(loop: Loop, coro: Coroutine[Any, Any, Any]) -> Any:
 
 def test_a_redelivery_elsewhere_finds_the_event_settled(loop, replicas, binding) -> None:
     a, b = replicas(), replicas()
-    claim = run(loop, a.dedupe.claim_first(KEY))
+    claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
     assert claim is not None and claim.shared is not None
     a.dedupe.release(claim, settled=True)
     assert run(loop, b.dedupe.claim_or_wait(KEY, 5.0)) == "settled"
@@ -89,7 +89,7 @@ def test_a_redelivery_elsewhere_finds_the_event_settled(loop, replicas, binding)
 
 def test_a_redelivery_waits_for_the_live_owner_then_acks(loop, replicas) -> None:
     a, b = replicas(), replicas()
-    claim = run(loop, a.dedupe.claim_first(KEY))
+    claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
     loop.call_later(0.3, a.dedupe.release, claim, True)  # A's attempt ends while B waits
     started = time.monotonic()
     assert run(loop, b.dedupe.claim_or_wait(KEY, 10.0)) == "settled"
@@ -98,7 +98,7 @@ def test_a_redelivery_waits_for_the_live_owner_then_acks(loop, replicas) -> None
 
 def test_a_released_claim_passes_to_the_redelivery(loop, replicas) -> None:
     a, b = replicas(), replicas()
-    claim = run(loop, a.dedupe.claim_first(KEY))
+    claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
     loop.call_later(0.2, a.dedupe.release, claim, False)  # failed: left to the broker
     found = run(loop, b.dedupe.claim_or_wait(KEY, 10.0))
     assert isinstance(found, Claim) and found.shared is not None
@@ -106,7 +106,7 @@ def test_a_released_claim_passes_to_the_redelivery(loop, replicas) -> None:
 
 def test_a_live_owner_past_the_wait_gives_busy_and_keeps_its_claim(loop, replicas, binding) -> None:
     a, b = replicas(), replicas()
-    run(loop, a.dedupe.claim_first(KEY))
+    run(loop, a.dedupe.claim_first(KEY, 30.0))
     assert run(loop, b.dedupe.claim_or_wait(KEY, 0.3)) == "busy"
     [held] = binding_keys(binding).values()
     assert held.startswith("c:")  # still A's: B never sends a second request
@@ -114,7 +114,7 @@ def test_a_live_owner_past_the_wait_gives_busy_and_keeps_its_claim(loop, replica
 
 def test_a_dead_owners_claim_ends_with_its_ttl(loop, replicas) -> None:
     a, b = replicas(ttl=1.0), replicas(ttl=1.0)
-    run(loop, a.dedupe.claim_first(KEY))
+    run(loop, a.dedupe.claim_first(KEY, 30.0))
     a.close()  # A dies with its claim held
     started = time.monotonic()
     found = run(loop, b.dedupe.claim_or_wait(KEY, 10.0))
@@ -125,9 +125,9 @@ def test_a_dead_owners_claim_ends_with_its_ttl(loop, replicas) -> None:
 
 def test_only_the_owner_releases_its_claim(loop, replicas, binding) -> None:
     a, b = replicas(ttl=1.0), replicas()
-    stale = run(loop, a.dedupe.claim_first(KEY))
+    stale = run(loop, a.dedupe.claim_first(KEY, 30.0))
     _eventually(lambda: binding_keys(binding), lambda keys: not keys)  # its TTL (1 s) passed
-    fresh = run(loop, b.dedupe.claim_first(KEY))
+    fresh = run(loop, b.dedupe.claim_first(KEY, 30.0))
     assert fresh is not None and fresh.shared is not None
     a.dedupe.release(stale, False)  # A's late release must not end B's claim
     a.claims.close(5.0)
@@ -136,9 +136,9 @@ def test_only_the_owner_releases_its_claim(loop, replicas, binding) -> None:
 
 def test_a_publishers_duplicate_is_still_delivered(loop, replicas, binding) -> None:
     a, b = replicas(), replicas()
-    first = run(loop, a.dedupe.claim_first(KEY))
+    first = run(loop, a.dedupe.claim_first(KEY, 30.0))
     a.dedupe.release(first, True)
-    again = run(loop, b.dedupe.claim_first(KEY))  # not a redelivery: the subscriber judges
+    again = run(loop, b.dedupe.claim_first(KEY, 30.0))  # not a redelivery: the subscriber judges
     assert again is not None
     b.dedupe.release(again, False)  # its failure must not undo the first's settlement
     b.claims.close(5.0)
@@ -159,7 +159,7 @@ def test_a_delivery_settled_under_another_owners_claim_stays_settled(
     try:
         a = replicas(f"redis://127.0.0.1:{path.port}/0")
         b, c = replicas(), replicas()
-        held = run(loop, b.dedupe.claim_first(KEY))
+        held = run(loop, b.dedupe.claim_first(KEY, 30.0))
         assert held is not None and held.shared is not None
         path.blackhole()
         found = run(loop, a.dedupe.claim_or_wait(KEY, 5.0))  # no answer: memory decides
@@ -187,10 +187,10 @@ def test_an_idle_replica_writes_what_it_settled_as_the_store_came_back(loop, rep
     path = FaultProxy(server.port)
     try:
         a = replicas(f"redis://127.0.0.1:{path.port}/0")
-        claim = run(loop, a.dedupe.claim_first(KEY))
+        claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
         assert claim is not None
         path.blackhole()
-        run(loop, a.dedupe.claim_first(("/orders", "during")))  # the outage, noticed
+        run(loop, a.dedupe.claim_first(("/orders", "during"), 30.0))  # the outage, noticed
         assert not a.claims.up
         path.restore()
         a.dedupe.release(claim, True)  # delivered before the replica noticed the store back
@@ -216,19 +216,19 @@ def server() -> Iterator[RedisServer]:
 
 def test_a_dead_store_costs_no_delivery_and_is_found_again(loop, replicas, server) -> None:
     a = replicas(server.url)
-    before = run(loop, a.dedupe.claim_first(("/orders", "before")))
+    before = run(loop, a.dedupe.claim_first(("/orders", "before"), 30.0))
     assert before is not None and before.shared is not None
     with structlog.testing.capture_logs() as logged:
         server.kill()
         started = time.monotonic()
-        claim = run(loop, a.dedupe.claim_first(KEY))
+        claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
         assert claim is not None  # delivered all the same: memory took it
         assert time.monotonic() - started < 2 * CALL_TIMEOUT + 1
         assert a.metrics.value("dispatcher_dedupe_store_up") == 0
         assert a.metrics.value("dispatcher_dedupe_store_errors_total") >= 1
         started = time.monotonic()
         for n in range(20):  # while down nobody waits for it
-            run(loop, a.dedupe.claim_first(("/orders", f"down-{n}")))
+            run(loop, a.dedupe.claim_first(("/orders", f"down-{n}"), 30.0))
         assert time.monotonic() - started < 1.0
         # Settled during the outage: written once the store answers again.
         a.dedupe.release(before, True)
@@ -237,7 +237,7 @@ def test_a_dead_store_costs_no_delivery_and_is_found_again(loop, replicas, serve
         while not a.claims.up and time.monotonic() < deadline:
             run(loop, loop_sleep(loop, 0.05))
         assert a.metrics.value("dispatcher_dedupe_store_up") == 1
-        back = run(loop, a.dedupe.claim_first(("/orders", "after")))
+        back = run(loop, a.dedupe.claim_first(("/orders", "after"), 30.0))
         assert back is not None and back.shared is not None
     events = [e["event"] for e in logged]
     assert events.count("dedupe store unavailable; using this process's memory") == 1
@@ -251,7 +251,7 @@ def test_a_paused_store_answers_within_the_call_timeout(loop, replicas, server) 
     server.pause()
     try:
         started = time.monotonic()
-        claim = run(loop, a.dedupe.claim_first(KEY))
+        claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
         elapsed = time.monotonic() - started
     finally:
         server.resume()
@@ -262,14 +262,14 @@ def test_a_paused_store_answers_within_the_call_timeout(loop, replicas, server) 
 
 def test_a_store_restarted_empty_takes_claims_again(loop, replicas, server) -> None:
     a = replicas(server.url)
-    first = run(loop, a.dedupe.claim_first(KEY))
+    first = run(loop, a.dedupe.claim_first(KEY, 30.0))
     assert first is not None and first.shared is not None
     server.kill()
     server.start()  # empty: nothing was saved
     deadline = time.monotonic() + 10
     found = None
     while time.monotonic() < deadline:
-        found = run(loop, a.dedupe.claim_first(("/orders", f"e-{time.monotonic()}")))
+        found = run(loop, a.dedupe.claim_first(("/orders", f"e-{time.monotonic()}"), 30.0))
         if found is not None and found.shared is not None:
             break
         run(loop, loop_sleep(loop, 0.1))
@@ -296,7 +296,7 @@ def test_the_stores_password_is_in_no_log_line_or_metric(loop, replicas) -> None
     dead = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"
     a = replicas(dead)
     with structlog.testing.capture_logs() as logged:
-        claim = run(loop, a.dedupe.claim_first(KEY))
+        claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
     assert claim is not None
     [line] = [e for e in logged if e["event"].startswith("dedupe store unavailable")]
     assert line["store"] == f"redis://:***@127.0.0.1:{dead.rsplit(':', 1)[1]}"

@@ -196,7 +196,7 @@ def test_a_claim_whose_answer_was_lost_is_still_settled_by_its_owner(loop) -> No
     # The call timed out, but Redis may have applied it: the owner must settle it.
     store = FakeStore(loop, [None])
     shared = shared_on(loop, store)
-    claim = run(loop, shared.claim_first(KEY))
+    claim = run(loop, shared.claim_first(KEY, 30.0))
     shared.release(claim, True)
     [(key, owner)] = store.claims
     assert store.settles == [(key, owner, True)]
@@ -226,7 +226,7 @@ def test_a_first_delivery_held_elsewhere_waits_for_that_attempt(loop, answers, p
     channel is gone)."""
     store = FakeStore(loop, answers)
     started = time.monotonic()
-    claim = run(loop, shared_on(loop, store).claim_first(KEY))
+    claim = run(loop, shared_on(loop, store).claim_first(KEY, 30.0))
     assert isinstance(claim, Claim)
     assert len(store.claims) == polls
     assert time.monotonic() - started >= 0.05 * (polls - 1)  # it polled, with pauses
@@ -235,5 +235,24 @@ def test_a_first_delivery_held_elsewhere_waits_for_that_attempt(loop, answers, p
 def test_a_first_delivery_claimed_or_unanswered_goes_at_once(loop) -> None:
     for answers in ([1], [2], [None]):
         store = FakeStore(loop, answers)
-        assert isinstance(run(loop, shared_on(loop, store).claim_first(KEY)), Claim)
+        assert isinstance(run(loop, shared_on(loop, store).claim_first(KEY, 30.0)), Claim)
         assert len(store.claims) == 1, answers
+
+
+def test_a_first_delivery_waits_for_the_attempt_in_flight_here(loop) -> None:
+    """The publisher's other copy (or the event's own redelivery) is in flight in
+    this process: the first delivery waits for it, then is claimed and goes."""
+    store = MemoryDedupe(10.0, Waits(loop))
+    holder = store.claim(KEY)
+    assert holder is not None
+    loop.call_later(0.1, store.release, holder, True)
+    started = time.monotonic()
+    claim = run(loop, store.claim_first(KEY, 10.0))
+    assert isinstance(claim, Claim) and claim is not holder
+    assert 0.08 < time.monotonic() - started < 5
+
+
+def test_a_first_delivery_behind_an_attempt_that_outlives_the_wait_is_busy(loop) -> None:
+    store = MemoryDedupe(10.0, Waits(loop))
+    assert store.claim(KEY) is not None
+    assert run(loop, store.claim_first(KEY, 0.1)) == "busy"

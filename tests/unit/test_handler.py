@@ -43,7 +43,7 @@ class ClaimThenShutdown:
         self._waits = waits
         self.released: list[tuple[Claim, bool]] = []
 
-    async def claim_first(self, key: Any) -> Claim:
+    async def claim_first(self, key: Any, wait: float) -> Claim:
         self._waits.give_up()
         return Claim(key)
 

@@ -146,7 +146,7 @@ class ScriptedDedupe:
     async def claim_or_wait(self, key: Key, wait: float) -> Claim | Found:
         return self._found
 
-    async def claim_first(self, key: Key) -> Claim | None:
+    async def claim_first(self, key: Key, wait: float) -> Claim | Found:
         return Claim(key)
 
     def release(self, claim: Claim, settled: bool) -> None:
@@ -815,12 +815,20 @@ ROWS = [
         settled_after=True,
     ),
     Row(
-        "first-delivery-while-key-in-flight-still-sent",
+        "first-delivery-waits-for-the-copy-in-flight-then-is-sent",
         subscriber=(ok(),),
-        dedupe="in_flight",
+        dedupe="in_flight_then_settled",
         outcome="delivered",
         status=200,
-        settled_after=False,  # the other attempt holds the key; this one made no claim
+        settled_after=True,  # a publisher's duplicate: sent after the first, and claimed
+    ),
+    Row(
+        "first-delivery-after-a-failed-copy-in-flight-is-sent",
+        subscriber=(ok(),),
+        dedupe="in_flight_then_failed",
+        outcome="delivered",
+        status=200,
+        settled_after=True,
     ),
     # ------------------------------------------------------------ the channel closed first
     Row(
