@@ -1,0 +1,123 @@
+"""CloudEvents SQL v1 (CESQL): the ``cesql`` filter dialect, parsed once, run per event.
+
+``parse`` reads an expression with lark (the grammar in ``grammar.lark``) and
+compiles it into closures (``compiler.py``); casts and errors are in
+``values.py``, the built-in functions in ``functions.py``. A filter passes an
+event when the expression returns ``true`` with no error (spec section 1.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+from lark import (
+    Lark,
+    Token,
+    Tree,
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+)
+from lark.exceptions import VisitError
+
+from dispatcher.cesql.compiler import Attributes, CompileError, Compiler, Node, _unsigned_min
+from dispatcher.cesql.values import ZERO, ErrorKind, EvalError, Value
+
+__all__ = ["CesqlError", "Expression", "parse"]
+
+
+class CesqlError(Exception):
+    """An expression that cannot be compiled: ``kind`` is ``parse`` or ``missingFunction``."""
+
+    def __init__(self, kind: str, column: int, message: str) -> None:
+        super().__init__(f"column {column}: {message}")
+        self.kind = kind
+        self.column = column
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Expression:
+    text: str
+    _root: Node
+    # AND, OR and XOR mixed with no parentheses to group them: read left to right
+    # here, as the specification says, but right to left by Knative's filter.
+    ungrouped_logic: bool
+
+    def passes(self, attributes: Attributes) -> bool:
+        """The filter: true only for a Boolean true reached without an error."""
+        try:
+            return self._root.run(attributes) is True
+        except EvalError:
+            return False
+
+    def evaluate(self, attributes: Attributes) -> tuple[Value, ErrorKind | None]:
+        """The value and the first error, as the specification's test kit states them."""
+        try:
+            return self._root.run(attributes), None
+        except EvalError as error:
+            if error.origin is self._root.origin:
+                return error.value, error.kind
+            return ZERO[self._root.type or "Boolean"], error.kind
+
+
+_GRAMMAR: Final = Path(__file__).with_name("grammar.lark")
+
+
+@cache
+def _parser() -> Lark:
+    return Lark(_GRAMMAR.read_text(), parser="lalr", maybe_placeholders=True)
+
+
+def parse(text: str) -> Expression:
+    """Compile ``text``; ``CesqlError`` names the column of what is wrong."""
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as error:
+        column = len(text.rstrip()) + 1 if _at_end(error) else error.column
+        raise CesqlError("parse", column, _explain(error, text)) from None
+    try:
+        root = Compiler().transform(tree)
+    except VisitError as error:
+        if isinstance(error.orig_exc, CompileError):
+            found = error.orig_exc
+            raise CesqlError(found.kind, found.column, found.message) from None
+        raise
+    except CompileError as error:
+        raise CesqlError(error.kind, error.column, error.message) from None
+    if _unsigned_min(root):
+        raise CesqlError("parse", root.column, "2147483648 is not a 32-bit integer")
+    return Expression(text, root, _ungrouped_logic(tree))
+
+
+def _ungrouped_logic(tree: Tree[Token]) -> bool:
+    """A chain of AND/OR/XOR with two different words and no parentheses."""
+    for node in tree.iter_subtrees():
+        left = node.children[0] if node.data == "logic" else None
+        if (
+            isinstance(left, Tree)
+            and left.data == "logic"
+            and str(left.children[1]).upper() != str(node.children[1]).upper()
+        ):
+            return True
+    return False
+
+
+def _at_end(error: UnexpectedInput) -> bool:
+    return isinstance(error, UnexpectedEOF) or (
+        isinstance(error, UnexpectedToken) and error.token.type == "$END"
+    )
+
+
+def _explain(error: UnexpectedInput, text: str) -> str:
+    if _at_end(error):
+        return "the expression ends too soon"
+    if isinstance(error, UnexpectedCharacters):
+        return f"unexpected character {text[error.pos_in_stream or 0]!r}"
+    if isinstance(error, UnexpectedToken):
+        return f"unexpected {str(error.token)!r}"
+    return str(error).splitlines()[0]
