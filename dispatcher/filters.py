@@ -15,13 +15,15 @@ Semantics, as Knative's broker filter evaluates them
 - ``filters``: every entry must pass. ``exact``, ``prefix`` and ``suffix``
   compare each listed attribute case-sensitively, and a missing attribute
   fails; ``all`` passes when every nested filter does, ``any`` when one does,
-  ``not`` when its filter does not.
+  ``not`` when its filter does not; ``cesql`` when its CloudEvents SQL
+  expression returns true with no error (``dispatcher/cesql``).
 - Both set: ``filters`` wins and ``filter`` is ignored.
 
 Where Knative is lax the configuration refuses instead (see
 ``config._filter_entry``): an entry with no dialect or two, an empty ``all``
 or ``any``, an empty match value (Knative skips such an entry silently), and
-CESQL, which this does not implement.
+a CESQL expression that does not compile (Knative's filter then drops every
+event).
 
 One difference from Knative's broker: ``time`` is compared as the event
 carried it, not re-formatted from a parsed timestamp.
@@ -36,7 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from dispatcher.config import BindingSettings, FilterEntry, MatchFilter
+from dispatcher import cesql
+from dispatcher.config import BindingSettings, CesqlFilter, FilterEntry, MatchFilter
 
 Attributes = Mapping[str, str]
 Predicate = Callable[[Attributes], bool]
@@ -61,6 +64,8 @@ def _attribute(name: str, value: str) -> Predicate:
 def _entry(entry: FilterEntry) -> Predicate:
     if isinstance(entry, MatchFilter):
         return _all([_MATCHERS[entry.dialect](name, text) for name, text in entry.attributes])
+    if isinstance(entry, CesqlFilter):
+        return cesql.parse(entry.expression).passes
     nested = [_entry(inner) for inner in entry.filters]
     if entry.dialect == "all":
         return _all(nested)

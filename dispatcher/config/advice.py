@@ -7,9 +7,11 @@ warnings once at start.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dispatcher.config.settings import Settings
+from dispatcher import cesql
+from dispatcher.config.settings import CesqlFilter, FilterEntry, NestingFilter, Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,4 +40,23 @@ def advice(settings: Settings) -> list[Advice]:
             )
         if binding.filters and binding.filter is not None:
             found.append(Advice(f"{key}.filter", "is ignored: filters is set (as in Knative)"))
+        for place, entry in enumerate(binding.filters):
+            found.extend(_ungrouped(entry, f"{key}.filters[{place}]"))
     return found
+
+
+def _ungrouped(entry: FilterEntry, where: str) -> Iterator[Advice]:
+    """CESQL expressions that mix AND, OR and XOR without parentheses."""
+    if isinstance(entry, CesqlFilter):
+        if cesql.parse(entry.expression).ungrouped_logic:
+            yield Advice(
+                f"{where}.cesql",
+                "mixes AND, OR or XOR without parentheses: CESQL reads them left to right, "
+                "Knative's filter right to left; add parentheses so that both read it the same",
+            )
+    elif isinstance(entry, NestingFilter):
+        if entry.dialect == "not":
+            yield from _ungrouped(entry.filters[0], f"{where}.not")
+        else:
+            for index, inner in enumerate(entry.filters):
+                yield from _ungrouped(inner, f"{where}.{entry.dialect}[{index}]")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from dispatcher.config.redaction import redact_url
-from dispatcher.config.settings import FilterEntry, MatchFilter, Settings
+from dispatcher.config.settings import CesqlFilter, FilterEntry, MatchFilter, Settings
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -93,6 +93,8 @@ def _render_header(name: str, value: str) -> str:
 def _render_filter(entry: FilterEntry) -> dict[str, object]:
     if isinstance(entry, MatchFilter):
         return {entry.dialect: dict(entry.attributes)}
+    if isinstance(entry, CesqlFilter):
+        return {"cesql": entry.expression}
     if entry.dialect == "not":
         return {"not": _render_filter(entry.filters[0])}
     return {entry.dialect: [_render_filter(nested) for nested in entry.filters]}

@@ -191,7 +191,15 @@ class NestingFilter:
     filters: tuple[FilterEntry, ...]
 
 
-FilterEntry = MatchFilter | NestingFilter
+@dataclass(frozen=True, slots=True)
+class CesqlFilter:
+    """One ``filters`` entry holding a CloudEvents SQL expression (checked to compile)."""
+
+    expression: str
+    dialect: Literal["cesql"] = "cesql"
+
+
+FilterEntry = MatchFilter | NestingFilter | CesqlFilter
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,5 +232,6 @@ def filter_entry_schema(depth: int = _FILTER_SCHEMA_DEPTH) -> JsonSchema:
             "all": nested,
             "any": nested,
             "not": inner,
+            "cesql": {"type": "string", "minLength": 1},
         },
     }

@@ -13,9 +13,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Final, TypeVar, get_args
 
+from dispatcher import cesql
 from dispatcher.bearer import read_token
 from dispatcher.config.redaction import show
 from dispatcher.config.settings import (
+    CesqlFilter,
     FilterEntry,
     MatchDialect,
     MatchFilter,
@@ -216,12 +218,7 @@ def _filter_entry(value: object, key: str, depth: int) -> FilterEntry:
     if depth > MAX_FILTER_DEPTH:
         raise ConfigError(key, f"filters nest at most {MAX_FILTER_DEPTH} levels deep")
     entry = mapping(value, key)
-    if "cesql" in entry:
-        raise ConfigError(
-            f"{key}.cesql",
-            "CESQL is not supported; use exact, prefix, suffix, all, any or not",
-        )
-    dialects = [*_MATCH_DIALECTS, *_NESTING_DIALECTS]
+    dialects = [*_MATCH_DIALECTS, *_NESTING_DIALECTS, "cesql"]
     unknown = [name for name in entry if name not in dialects]
     if unknown:
         raise ConfigError(
@@ -233,6 +230,8 @@ def _filter_entry(value: object, key: str, depth: int) -> FilterEntry:
         raise ConfigError(key, f"a filter has exactly one dialect, found {found}")
     [(dialect, body)] = entry.items()
     where = f"{key}.{dialect}"
+    if dialect == "cesql":
+        return cesql_filter(body, where)
     if dialect in _MATCH_DIALECTS:
         attributes = filter_attributes(body, where, allow_empty=False)
         if not attributes:
@@ -244,6 +243,19 @@ def _filter_entry(value: object, key: str, depth: int) -> FilterEntry:
     if not nested:
         raise ConfigError(where, "must list at least one filter")
     return NestingFilter(dialect, nested)  # type: ignore[arg-type]
+
+
+def cesql_filter(value: object, key: str) -> CesqlFilter:
+    """A CloudEvents SQL expression, compiled here so that ``check`` shows where it
+    is wrong; the filter compiles it again when the service starts."""
+    text = string(value, key)
+    if not text.strip():
+        raise ConfigError(key, "must be a CESQL expression, got an empty string")
+    try:
+        cesql.parse(text)
+    except cesql.CesqlError as error:
+        raise ConfigError(key, f"{error} in {text!r}") from None
+    return CesqlFilter(text)
 
 
 BINDING_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")

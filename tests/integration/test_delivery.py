@@ -228,6 +228,54 @@ def test_filtered_events_are_acked_unsent_and_counted(make_subscriber, run_servi
     assert len(about) == 3
 
 
+def test_cesql_filters_pass_and_filter_events(make_subscriber, run_service):
+    """CESQL beside the other dialects: an extension compared as an integer, a
+    missing attribute and an evaluation error each make the filter fail."""
+    sub = make_subscriber()
+    svc = run_service(
+        sub.url,
+        dead_letter={"sink": sub.url},
+        filters=[
+            {"cesql": "type LIKE 'com.example.%' AND (NOT EXISTS region OR region = 'eu')"},
+            {"any": [{"cesql": "priority > 2"}, {"cesql": "INT(retries) / INT(divisor) = 0"}]},
+        ],
+    )
+    published = {
+        "pass-priority": {"ce-type": "com.example.a", "ce-priority": "3"},
+        "pass-eu": {"ce-type": "com.example.b", "ce-region": "eu", "ce-priority": "5"},
+        "pass-division": {
+            "ce-type": "com.example.c",
+            "ce-priority": "1",
+            "ce-retries": "1",
+            "ce-divisor": "2",
+        },
+        "drop-type": {"ce-type": "org.other.a", "ce-priority": "9"},
+        "drop-region": {"ce-type": "com.example.a", "ce-region": "us", "ce-priority": "9"},
+        "drop-priority": {"ce-type": "com.example.a", "ce-priority": "1"},
+        # No priority and no divisor: a missing attribute in both, neither passes.
+        "drop-missing": {"ce-type": "com.example.a"},
+        # Division by zero, and a priority that is not an integer: errors, not passes.
+        "drop-error": {
+            "ce-type": "com.example.a",
+            "ce-priority": "high",
+            "ce-retries": "1",
+            "ce-divisor": "0",
+        },
+    }
+    for event_id, attributes in published.items():
+        publish(svc.queue, headers={**event_headers(event_id), **attributes})
+    svc.wait_events("filtered", 5)
+    svc.wait_events("delivered", 3)
+    wait_until(lambda: queue_depth(svc.queue) == 0, 10, "the queue to drain")
+    assert sorted(r.headers["ce-id"] for r in sub.requests) == [
+        "pass-division",
+        "pass-eu",
+        "pass-priority",
+    ]
+    assert svc.events("filtered") == 5
+    assert svc.events("dead_lettered") == 0
+
+
 def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(500, body=b"x" * 5000))
     exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")
@@ -427,6 +475,7 @@ def test_a_publishers_two_copies_are_both_sent_but_never_at_once(make_subscriber
     svc.wait_events("delivered", 2)
     assert (first.body, second.body) == (b"1", b"2")
     assert sub.max_concurrent == 1
+
 
 def test_ordered_delivers_one_at_a_time_in_queue_order_retries_included(
     make_subscriber, run_service

@@ -14,6 +14,7 @@ from dispatcher.config import (
     AuthSettings,
     BindingSettings,
     BrokerSettings,
+    CesqlFilter,
     DeadLetterSettings,
     DeclareSettings,
     DeliverySettings,
@@ -34,6 +35,7 @@ from dispatcher.config import (
     render_effective_config,
     settings_from_dict,
 )
+from dispatcher.config.advice import advice
 from dispatcher.errors import ConfigError
 
 SUBSCRIBER = "http://127.0.0.1:8080/"
@@ -600,19 +602,46 @@ _NOT_A_NAME = "is not an attribute name (a lower-case letter, then lower-case le
             "bindings[0].filters: must be a list of filters, got mapping",
         ),
         (
-            {"filters": [{"cesql": "type = 'a'"}]},
-            "bindings[0].filters[0].cesql: CESQL is not supported; "
-            "use exact, prefix, suffix, all, any or not",
+            {"filters": [{"exact": {"type": "a"}}, {"any": [{"cesql": "type = 'a' AND"}]}]},
+            "bindings[0].filters[1].any[0].cesql: column 15: the expression ends too soon "
+            "in \"type = 'a' AND\"",
         ),
         (
-            {"filters": [{"all": [{"not": {"cesql": "true"}}]}]},
-            "bindings[0].filters[0].all[0].not.cesql: CESQL is not supported; "
-            "use exact, prefix, suffix, all, any or not",
+            {"filters": [{"all": [{"not": {"cesql": "type == 'a'"}}]}]},
+            "bindings[0].filters[0].all[0].not.cesql: column 7: unexpected '=' in \"type == 'a'\"",
+        ),
+        (
+            {"filters": [{"cesql": "LENGTH(id, 2) > 3"}]},
+            "bindings[0].filters[0].cesql: column 1: LENGTH with 2 arguments: "
+            "LENGTH takes 1 arguments in 'LENGTH(id, 2) > 3'",
+        ),
+        (
+            {"filters": [{"cesql": "STARTS_WITH(type, 'a')"}]},
+            "bindings[0].filters[0].cesql: column 1: STARTS_WITH with 2 arguments: "
+            "STARTS_WITH is not a function in \"STARTS_WITH(type, 'a')\"",
+        ),
+        (
+            {"filters": [{"cesql": "seq < 2147483648"}]},
+            "bindings[0].filters[0].cesql: column 7: 2147483648 is not a 32-bit integer "
+            "in 'seq < 2147483648'",
+        ),
+        (
+            {"filters": [{"cesql": "my_ext = 'a'"}]},
+            "bindings[0].filters[0].cesql: column 1: my_ext is not an attribute name "
+            "(lower-case letters and digits) in \"my_ext = 'a'\"",
+        ),
+        (
+            {"filters": [{"cesql": " "}]},
+            "bindings[0].filters[0].cesql: must be a CESQL expression, got an empty string",
+        ),
+        (
+            {"filters": [{"cesql": True}]},
+            "bindings[0].filters[0].cesql: must be a string, got true",
         ),
         (
             {"filters": [{"equals": {"type": "a"}}]},
             "bindings[0].filters[0].equals: unknown filter dialect "
-            "(expected one of: exact, prefix, suffix, all, any, not)",
+            "(expected one of: exact, prefix, suffix, all, any, not, cesql)",
         ),
         (
             {"filters": [{"exact": {"type": "a"}, "prefix": {"id": "b"}}]},
@@ -646,6 +675,52 @@ _NOT_A_NAME = "is not an attribute name (a lower-case letter, then lower-case le
 )
 def test_filters_refuse_what_knative_would_refuse_or_skip(binding_keys, message) -> None:
     assert binding_error(**binding_keys) == message
+
+
+def test_a_cesql_filter_is_kept_and_shown_as_written() -> None:
+    expression = "type LIKE 'com.example.%' AND (NOT EXISTS region OR region = 'eu')"
+    settings = settings_from_dict(
+        {"bindings": [binding(filters=[{"not": {"cesql": expression}}])]}, {}
+    )
+    [entry] = settings.bindings[0].filters
+    assert entry == NestingFilter("not", (CesqlFilter(expression),))
+    shown = yaml.safe_load(render_effective_config(settings))
+    assert shown["bindings"][0]["filters"] == [{"not": {"cesql": expression}}]
+
+
+def _sink(**overrides: Any) -> dict[str, Any]:
+    return binding(dead_letter={"sink": "http://127.0.0.1:1/"}, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("filters", "said"),
+    [
+        ([{"cesql": "a = 1 OR b = 2 AND c = 3"}], ["bindings[0].filters[0].cesql"]),
+        ([{"cesql": "a = 1 OR (b = 2 AND c = 3)"}], []),
+        ([{"cesql": "a = 1 AND b = 2 AND c = 3"}], []),
+        ([{"cesql": "(a XOR b) OR c"}], []),
+        (
+            [{"exact": {"a": "1"}}, {"any": [{"exact": {"a": "1"}}, {"cesql": "a XOR b OR c"}]}],
+            ["bindings[0].filters[1].any[1].cesql"],
+        ),
+        ([{"not": {"cesql": "a AND b or c"}}], ["bindings[0].filters[0].not.cesql"]),
+    ],
+)
+def test_check_advises_parentheses_where_knative_reads_cesql_otherwise(filters, said) -> None:
+    """Valid, but Knative's filter groups AND/OR/XOR from the right: the same text
+    would select other events there."""
+    settings = settings_from_dict({"bindings": [_sink(filters=filters)]}, {})
+    assert [found.key for found in advice(settings)] == said
+
+
+def test_check_advises_that_filter_is_ignored_beside_filters() -> None:
+    settings = settings_from_dict(
+        {"bindings": [_sink(filter={"attributes": {"type": "a"}}, filters=[{"cesql": "true"}])]},
+        {},
+    )
+    assert [str(found) for found in advice(settings)] == [
+        "bindings[0].filter: is ignored: filters is set (as in Knative)"
+    ]
 
 
 def test_filters_nest_at_most_32_levels() -> None:

@@ -57,7 +57,10 @@ def test_filters_in_the_schema_say_what_the_service_says() -> None:
     nested = [{"all": [{"exact": {"type": "t"}}, {"not": {"any": [{"prefix": {"id": "x"}}]}}]}]
     for filters, service_accepts in (
         (nested, True),
-        ([{"cesql": "type = 't'"}], False),
+        ([{"cesql": "type = 't'"}], True),
+        ([{"any": [{"cesql": "type = 't'"}, {"cesql": "EXISTS subject"}]}], True),
+        ([{"cesql": ""}], False),
+        ([{"cesql": 1}], False),
         ([{"exact": {"type": "t"}, "prefix": {"id": "x"}}], False),
         ([{"exact": {}}], False),
         ([{"suffix": {"Type": "t"}}], False),
