@@ -82,10 +82,12 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	touch $@
 
 # The service suite (W1-W7, tests/bench/run.py), what one HTTP request costs in
-# each engine (the README's "Why libcurl"), then the batch side.
+# each engine (the README's "Why libcurl"), what a filter costs per event, then
+# the batch side.
 bench: $(VENV)/.bench-installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
 	$(PY) tests/bench/http_engines.py
+	$(PY) tests/bench/filter_cost.py
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
 
 # Two replicas sharing a dedupe store under random broker, store, subscriber and

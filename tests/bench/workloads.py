@@ -22,6 +22,7 @@ from pathlib import Path
 from tests.bench.lineup import (
     AIOPIKA_AIOHTTP,
     DISPATCHER,
+    DISPATCHER_CESQL,
     DISPATCHER_FILTERED,
     DISPATCHER_STORE,
     DISPATCHER_X2,
@@ -92,7 +93,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w1 = Workload(
         "W1",
         "fast subscriber (nginx, 202 at once), persistent 1 KB events pre-loaded",
-        (DISPATCHER, DISPATCHER_FILTERED, DISPATCHER_STORE, *all_six[1:]),
+        (DISPATCHER, DISPATCHER_FILTERED, DISPATCHER_CESQL, DISPATCHER_STORE, *all_six[1:]),
         events=size(20_000, 2_000),
         parallelism=50,
         sink="nginx",
