@@ -24,20 +24,10 @@ from lark import (
 )
 from lark.exceptions import VisitError
 
-from dispatcher.cesql.compiler import Attributes, CompileError, Compiler, Node, _unsigned_min
-from dispatcher.cesql.values import ZERO, ErrorKind, EvalError, Value
+from dispatcher.cesql.compiler import Attributes, Compiler, Node, _unsigned_min
+from dispatcher.cesql.values import ZERO, CesqlError, ErrorKind, EvalError, Value
 
 __all__ = ["CesqlError", "Expression", "parse"]
-
-
-class CesqlError(Exception):
-    """An expression that cannot be compiled: ``kind`` is ``parse`` or ``missingFunction``."""
-
-    def __init__(self, kind: str, column: int, message: str) -> None:
-        super().__init__(f"column {column}: {message}")
-        self.kind = kind
-        self.column = column
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +72,10 @@ def parse(text: str) -> Expression:
         raise CesqlError("parse", column, _explain(error, text)) from None
     try:
         root = Compiler().transform(tree)
-    except VisitError as error:
-        if isinstance(error.orig_exc, CompileError):
-            found = error.orig_exc
-            raise CesqlError(found.kind, found.column, found.message) from None
+    except VisitError as error:  # lark wraps what a transformer raises
+        if isinstance(error.orig_exc, CesqlError):
+            raise error.orig_exc from None
         raise
-    except CompileError as error:
-        raise CesqlError(error.kind, error.column, error.message) from None
     if _unsigned_min(root):
         raise CesqlError("parse", root.column, "2147483648 is not a 32-bit integer")
     return Expression(text, root, _ungrouped_logic(tree))

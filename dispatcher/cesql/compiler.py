@@ -35,6 +35,7 @@ from dispatcher.cesql.values import (
     INT_MIN,
     ZERO,
     CastFailed,
+    CesqlError,
     EvalError,
     Type,
     Value,
@@ -48,16 +49,6 @@ Evaluate = Callable[[Attributes], Value]
 _MISSING: Final = object()
 _ATTRIBUTE_NAME: Final = re.compile(r"[a-z0-9]+")
 _FUNCTION_NAME: Final = re.compile(r"[A-Z][A-Z_]*")
-
-
-class CompileError(Exception):
-    """A parse error, or a call no function answers: ``kind`` says which."""
-
-    def __init__(self, kind: str, column: int, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.column = column
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +144,22 @@ def _operands(
     return both
 
 
+def _on_integers(
+    left: Node, right: Node, op: Callable[[int, int], Value], origin: object
+) -> Evaluate:
+    """An operator on two Integers, exactly: a failed cast of either is its own error."""
+    both = _operands(left, right, "Integer", "Integer")
+
+    def run(attributes: Attributes) -> Value:
+        x, y, failed = both(attributes)
+        result = op(x, y)  # type: ignore[arg-type]
+        if failed:
+            raise EvalError("cast", result, origin)
+        return result
+
+    return run
+
+
 def _integer_op(symbol: str, origin: object) -> Callable[[int, int], int]:
     def checked(value: int) -> int:
         if not in_range(value):
@@ -236,7 +243,7 @@ class Compiler(Transformer[Token, Node]):
         if tree.data != "minus":
             for child in new_children or ():
                 if _unsigned_min(child):
-                    raise CompileError("parse", child.column, "2147483648 is not a 32-bit integer")
+                    raise CesqlError("parse", child.column, "2147483648 is not a 32-bit integer")
         return super()._call_userfunc(tree, new_children)  # type: ignore[no-untyped-call]
 
     # ------------------------------------------------------------------ atoms
@@ -250,7 +257,7 @@ class Compiler(Transformer[Token, Node]):
         digits, column = tokens[-1], tokens[0].column or 0
         number = int(digits)
         if number > _UNSIGNED_MIN or (number == _UNSIGNED_MIN and len(tokens) == 2):
-            raise CompileError("parse", column, f"{digits} is not a 32-bit integer")
+            raise CesqlError("parse", column, f"{digits} is not a 32-bit integer")
         return _literal(number, column)
 
     def true(self, _token: Token) -> Node:
@@ -312,33 +319,16 @@ class Compiler(Transformer[Token, Node]):
     def arithmetic(self, left: Node, symbol: Token, right: Node) -> Node:
         origin = object()
         op = _integer_op(str(symbol), origin)
-        both = _operands(left, right, "Integer", "Integer")
-
-        def run(attributes: Attributes) -> int:
-            x, y, failed = both(attributes)
-            result = op(x, y)  # type: ignore[arg-type]
-            if failed:
-                raise EvalError("cast", result, origin)
-            return result
-
-        return Node(run, "Integer", origin)
+        return Node(_on_integers(left, right, op, origin), "Integer", origin)
 
     def compare(self, left: Node, symbol: Token, right: Node) -> Node:
         origin, text = object(), str(symbol)
         if text in _ORDER:
             order = _ORDER[text]
-            both = _operands(left, right, "Integer", "Integer")
-
-            def exact(attributes: Attributes) -> bool:
-                x, y, failed = both(attributes)
-                result = order(x, y)  # type: ignore[arg-type]
-                if failed:
-                    raise EvalError("cast", result, origin)
-                return result
-
+            exact = _on_integers(left, right, order, origin)
             lx, ry = _typed(left, "Integer"), _typed(right, "Integer")
 
-            def ordered(attributes: Attributes) -> bool:
+            def ordered(attributes: Attributes) -> Value:
                 try:
                     return order(lx(attributes), ry(attributes))  # type: ignore[arg-type]
                 except CastFailed:
@@ -415,12 +405,12 @@ class Compiler(Transformer[Token, Node]):
     def call(self, name: Token, *arguments: Node | None) -> Node:
         given = [argument for argument in arguments if argument is not None]
         if not _FUNCTION_NAME.fullmatch(str(name).upper()):
-            raise CompileError("parse", name.column or 0, f"{name} is not a function name")
+            raise CesqlError("parse", name.column or 0, f"{name} is not a function name")
         function = functions.find(str(name), len(given))
         if function is None:
             known = functions.arities(str(name))
             detail = f"takes {' or '.join(known)} arguments" if known else "is not a function"
-            raise CompileError(
+            raise CesqlError(
                 "missingFunction",
                 name.column or 0,
                 f"{str(name).upper()} with {len(given)} arguments: {str(name).upper()} {detail}",
@@ -431,7 +421,7 @@ class Compiler(Transformer[Token, Node]):
 def _attribute_name(token: Token) -> str:
     name = str(token).lower()  # the kit writes ``EXISTS SOURCE``
     if not _ATTRIBUTE_NAME.fullmatch(name):
-        raise CompileError(
+        raise CesqlError(
             "parse",
             token.column or 0,
             f"{token} is not an attribute name (lower-case letters and digits)",

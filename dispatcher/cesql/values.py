@@ -43,6 +43,16 @@ class EvalError(Exception):
         self.origin = origin
 
 
+class CesqlError(Exception):
+    """An expression that cannot be compiled: ``kind`` is ``parse`` or ``missingFunction``."""
+
+    def __init__(self, kind: str, column: int, message: str) -> None:
+        super().__init__(f"column {column}: {message}")
+        self.kind = kind
+        self.column = column
+        self.message = message
+
+
 class CastFailed(Exception):
     """A cast that has no value: the caller raises ``EvalError`` as its own."""
 
