@@ -229,6 +229,7 @@ class Publisher(threading.Thread):
                 channel = self._connect()
                 continue
             event_id = pending or f"soak-{serial:07d}"
+            self._ledger.publishes[event_id] += 1
             try:
                 channel.basic_publish(
                     "",
@@ -247,9 +248,7 @@ class Publisher(threading.Thread):
                     mandatory=True,
                 )
             except (pika.exceptions.AMQPError, OSError):
-                if pending is None:
-                    self._ledger.republished.add(event_id)
-                pending, channel = event_id, None
+                pending, channel = event_id, None  # maybe queued: sent again, maybe twice
                 continue
             self._ledger.confirmed.add(event_id)
             if pending is None:

@@ -9,7 +9,7 @@ by the broker, then neither delivered nor dead-lettered).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,9 @@ class Fault:
 @dataclass
 class Ledger:
     confirmed: set[str] = field(default_factory=set)
-    republished: set[str] = field(default_factory=set)  # sent again: maybe twice in the queue
+    # basic_publish calls per event: one unless a publish failed unconfirmed and was
+    # sent again, so that the queue may hold that many copies.
+    publishes: Counter[str] = field(default_factory=Counter)
     requests: list[Request] = field(default_factory=list)
     dead_lettered: set[str] = field(default_factory=set)
     faults: list[Fault] = field(default_factory=list)
@@ -79,8 +81,11 @@ class Ledger:
         }
 
     def classify(self, event_id: str, found: list[Request]) -> str:
-        """The first window of the README's list that explains the later requests."""
-        if event_id in self.republished:
+        """The first window of the README's list that explains the later requests.
+
+        The publisher's own copies explain one 2xx each, no more: an extra answer
+        for a copy is classified like any other duplicate."""
+        if len(found) <= self.publishes[event_id]:
             return "publisher-duplicate"
         first, later = found[0], found[1:]
         for fault in self.faults:
