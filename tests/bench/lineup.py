@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import yaml
 
+from tests.bench import go_peer
 from tests.bench.harness import PYTHON, ROOT
 from tests.bench.payload import SOURCE, TYPE
 from tests.bench.queues import URL
@@ -123,6 +124,10 @@ def _pika_autoack(launch: Launch, _index: int) -> list[str]:
     return [PYTHON, script, "--url", URL, "--queue", launch.queue, "--log", str(launch.receipt_log)]
 
 
+def _go_peer(launch: Launch, _index: int) -> list[str]:
+    return go_peer.argv(URL, launch.queue, launch.subscriber, launch.parallelism)
+
+
 def _http_only(script: str) -> Callable[[Launch, int], list[str]]:
     def argv(launch: Launch, _index: int) -> list[str]:
         target = ["--subscriber", launch.subscriber, "--ids", str(launch.ids_file)]
@@ -157,6 +162,9 @@ DISPATCHER_STORE: Final = Contender(
 DISPATCHER_X2: Final = Contender("dispatcher", "dispatcher run x2", _dispatcher, processes=2)
 PIKA_HTTPX: Final = Contender("a", "(a) pika + httpx.Client, sequential", _pika_httpx)
 AIOPIKA_AIOHTTP: Final = Contender("b", "(b) aio-pika + aiohttp, tasks", _aiopika_aiohttp)
+GO_PEER: Final = Contender(
+    "c", "(c) Go, Knative's dispatcher design (amqp091-go, net/http)", _go_peer
+)
 PIKA_AUTOACK: Final = Contender(
     "pika-autoack", "ceiling: pika auto-ack, no HTTP", _pika_autoack, self_logging=True
 )
@@ -176,6 +184,7 @@ KEYS: Final = (
     "dispatcher-store",
     "a",
     "b",
+    "c",
     "pika-autoack",
     "aiohttp",
     "httpx-threads",

@@ -52,7 +52,7 @@ from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench import queues, report
+from tests.bench import go_peer, queues, report
 from tests.bench.harness import CHILDREN, ROOT, BenchError
 from tests.bench.lineup import KEYS
 from tests.bench.sinks import NGINX_HELP, nginx_available
@@ -142,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     if any(w.needs_nginx for w in workloads) and not nginx_available():
         say(NGINX_HELP)
         return 2
+    if any(c.key == "c" for w in workloads for c in w.contenders):
+        try:
+            go_peer.build()
+        except BenchError as error:
+            say(str(error))
+            return 2
     lock = lock_or_exit()
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored

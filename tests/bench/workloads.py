@@ -26,6 +26,7 @@ from tests.bench.lineup import (
     DISPATCHER_FILTERED,
     DISPATCHER_STORE,
     DISPATCHER_X2,
+    GO_PEER,
     HTTP_AIOHTTP,
     HTTP_HTTPX_THREADS,
     PIKA_AUTOACK,
@@ -82,10 +83,11 @@ def catalogue(quick: bool) -> dict[str, Workload]:
         return smoke if quick else full
 
     steady_seconds = size(30, 5)
-    all_six = (
+    lineup = (
         DISPATCHER,
         PIKA_HTTPX,
         AIOPIKA_AIOHTTP,
+        GO_PEER,
         PIKA_AUTOACK,
         HTTP_AIOHTTP,
         HTTP_HTTPX_THREADS,
@@ -93,7 +95,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w1 = Workload(
         "W1",
         "fast subscriber (nginx, 202 at once), persistent 1 KB events pre-loaded",
-        (DISPATCHER, DISPATCHER_FILTERED, DISPATCHER_CESQL, DISPATCHER_STORE, *all_six[1:]),
+        (DISPATCHER, DISPATCHER_FILTERED, DISPATCHER_CESQL, DISPATCHER_STORE, *lineup[1:]),
         events=size(20_000, 2_000),
         parallelism=50,
         sink="nginx",
@@ -108,7 +110,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
         "W2",
         f"steady publishing at 1,000 msg/s for {steady_seconds} s, asyncio subscriber "
         "(202 at once); latency = publish to subscriber receipt",
-        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, PIKA_AUTOACK),
+        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, GO_PEER, PIKA_AUTOACK),
         events=1_000 * steady_seconds,
         parallelism=50,
         sink="asyncio",
@@ -121,7 +123,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w3 = Workload(
         "W3",
         "slow subscriber (asyncio, 202 after 100 ms), events pre-loaded; ideal 1,000 msg/s",
-        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, HTTP_AIOHTTP, HTTP_HTTPX_THREADS),
+        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, GO_PEER, HTTP_AIOHTTP, HTTP_HTTPX_THREADS),
         events=size(5_000, 1_000),
         parallelism=100,
         sink="asyncio",
@@ -134,7 +136,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w4 = Workload(
         "W4",
         "memory: backlog pre-loaded, nginx subscriber; RSS sampled every 0.5 s",
-        (DISPATCHER, AIOPIKA_AIOHTTP, PIKA_HTTPX),
+        (DISPATCHER, AIOPIKA_AIOHTTP, GO_PEER, PIKA_HTTPX),
         events=size(200_000, 20_000),
         parallelism=100,
         sink="nginx",
@@ -159,7 +161,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w6 = Workload(
         "W6",
         "many slow deliveries (asyncio, 202 after 2 s), events pre-loaded; ideal 1,000 msg/s",
-        (DISPATCHER, AIOPIKA_AIOHTTP),
+        (DISPATCHER, AIOPIKA_AIOHTTP, GO_PEER),
         events=size(20_000, 4_000),
         parallelism=2000,
         sink="asyncio",
