@@ -27,7 +27,7 @@ from lark.exceptions import VisitError
 from dispatcher.cesql.compiler import Attributes, Compiler, Node, _unsigned_min
 from dispatcher.cesql.values import ZERO, CesqlError, ErrorKind, EvalError, Value
 
-__all__ = ["CesqlError", "Expression", "parse"]
+__all__ = ["MAX_DEPTH", "CesqlError", "Expression", "parse"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +67,12 @@ def parse(text: str) -> Expression:
     """Compile ``text``; ``CesqlError`` names the column of what is wrong."""
     try:
         tree = _parser().parse(text)
+    except RecursionError:  # lark builds the tree of nested parentheses recursively
+        raise CesqlError("parse", 1, f"nests deeper than {MAX_DEPTH} parentheses") from None
     except UnexpectedInput as error:
         column = len(text.rstrip()) + 1 if _at_end(error) else error.column
         raise CesqlError("parse", column, _explain(error, text)) from None
+    _check_depth(tree)
     try:
         root = Compiler().transform(tree)
     except VisitError as error:  # lark wraps what a transformer raises
@@ -79,6 +82,38 @@ def parse(text: str) -> Expression:
     if _unsigned_min(root):
         raise CesqlError("parse", root.column, "2147483648 is not a 32-bit integer")
     return Expression(text, root, _ungrouped_logic(tree))
+
+
+# Operations nested deeper than this are refused. The compiler and every
+# evaluation recurse once or twice per level, and an expression a person
+# writes nests a few levels, not hundreds: a limit turns what would be a
+# RecursionError (at start, or on the loop thread per event) into a clear
+# configuration error.
+MAX_DEPTH: Final = 100
+
+
+def _check_depth(tree: Tree[Token]) -> None:
+    """Refuse ``tree`` if it nests deeper than ``MAX_DEPTH``; iterative, so that the
+    check itself cannot run out of stack."""
+    stack: list[tuple[Tree[Token], int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise CesqlError(
+                "parse",
+                _first_column(node),
+                f"nests deeper than {MAX_DEPTH} operations or parentheses; "
+                "a long chain of AND or OR counts one level per operator",
+            )
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+
+
+def _first_column(node: Tree[Token]) -> int:
+    """Where ``node``'s text starts (down its first children, without recursion)."""
+    item: Tree[Token] | Token = node
+    while isinstance(item, Tree) and item.children:
+        item = item.children[0]
+    return (item.column or 1) if isinstance(item, Token) else 1
 
 
 def _ungrouped_logic(tree: Tree[Token]) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.cesql import CesqlError, parse
+from dispatcher.cesql import MAX_DEPTH, CesqlError, parse
 
 # What ``Event.attributes`` holds: every attribute a string, as it would be sent.
 EVENT = {
@@ -216,3 +216,24 @@ def test_nothing_but_a_compile_error_leaves_parse_and_nothing_leaves_a_filter(
         attributes[name] = str(attribute).lower() if type(attribute) is bool else str(attribute)
     value, error = expression.evaluate(attributes)
     assert expression.passes(attributes) is (value is True and error is None)
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        lambda n: "(" * n + "true" + ")" * n,
+        lambda n: "NOT " * n + "true",
+        lambda n: " AND ".join(["true"] * (n + 1)),
+        lambda n: "-" * n + "1",
+        lambda n: "LOWER(" * n + "'a'" + ")" * n + " = 'a'",
+    ],
+)
+def test_nesting_is_bounded_with_a_clear_error_not_a_recursion_error(nested) -> None:
+    """The compiler and every evaluation recurse per level: past the bound an
+    expression is a configuration error, never a RecursionError (at start, or
+    on the loop thread for each event), however deep it goes."""
+    assert parse(nested(90)).evaluate(EVENT)[1] is None
+    for depth in (MAX_DEPTH + 1, 5_000, 100_000):
+        with pytest.raises(CesqlError) as refused:
+            parse(nested(depth))
+        assert "nests deeper than 100" in refused.value.message
