@@ -13,15 +13,16 @@ pika, libcurl or redis (``tests/unit/test_boundaries.py`` holds them to it):
 - ``reply``       where a subscriber's reply event goes.
 - ``filters``     a binding's Trigger filters, compiled once.
 - ``bearer``      the bearer token file, re-read when it changes.
-- ``engine``      the thread that runs every delivery; verdicts back in batches.
+- ``engine``      the loop thread that runs every delivery; each verdict to its channel at once.
 - ``loop``, ``waits``  the engine's event loop, and the waits shutdown ends.
 - ``seams``       the Protocols the core sees the outside through, and their values.
 - ``tls``         a TLS context from ``tls`` settings, for pika and for checking curl's files.
 
 The sides and the rest:
 
-- ``broker/``     pika: the supervisor, each binding's consumer, connection
-  parameters and node rotation, the one publishing design (``confirm_link``).
+- ``broker/``     pika on the engine loop (``pika_loop``): the supervisor, each binding's
+  consumer, connection parameters and node rotation, the one publishing design
+  (``confirm_link``).
 - ``http/``       libcurl: the client engine, endpoints, the retrying target; the ops server.
 - ``redis_claims``  the shared dedupe store's client (redis-py).
 - ``config/``     settings data, its sources (file, environment, Knative), validation,
@@ -29,7 +30,8 @@ The sides and the rest:
 - ``pipeline/``   the PySpark jobs: archive, report, replay.
 - ``preflight``   what ``check`` reads with pika, ssl and redis-py before anything starts.
 - ``service``     wires it all together; ``cli`` parses commands; ``signals``,
-  ``logs``, ``metrics``, ``errors`` (the one error tree).
+  ``logs`` (and ``log_output``: stdout that never blocks the loop), ``metrics``,
+  ``errors`` (the one error tree).
 
 ``docs/design.md`` tells how they work together.
 """

@@ -2,9 +2,10 @@
 
 ``Handler.handle`` is a coroutine on the engine loop (every wait in it, for
 the subscriber, a retry, a confirm or a duplicate claim, awaits a future; no
-thread is held) and returns an ``Action`` that the broker thread applies to
-the message's own channel generation. The rules (at-least-once: a message
-is settled only once somebody has taken responsibility for its event):
+thread is held) and returns an ``Action`` that the binding's consumer applies
+to the message's own channel generation at once, on the same loop. The
+rules (at-least-once: a message is settled only once somebody has taken
+responsibility for its event):
 
 - ACK only after the subscriber's 2xx (and the reply's acceptance, if there is
   a reply to forward), or after a dead-letter target accepted the event;
@@ -70,9 +71,9 @@ class Action(Enum):
 
 
 class ChannelState:
-    """Whether the channel a message arrived on is still open: set by the broker
-    thread when it closes (one object per channel generation), read here before
-    anything is sent. A plain attribute: a read across threads is atomic."""
+    """Whether the channel a message arrived on is still open: set by its consumer
+    when it closes (one object per channel generation), read here before
+    anything is sent."""
 
     __slots__ = ("open",)
 

@@ -237,15 +237,19 @@ class Loop:
 
     def stop(self, timeout: float) -> bool:
         """Stop after the current iteration; True once the thread has ended (bounded)."""
-        self.call_soon_threadsafe(self._request_stop, None)
-        if self._thread is None:
+        self.call_soon_threadsafe(self.request_stop, None)
+        if self._thread is None or self._thread is threading.current_thread():
             return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
     @property
     def thread(self) -> threading.Thread | None:
+        """The thread running the loop (``start``'s, or whoever called ``run``)."""
         return self._thread
+
+    def on_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
 
     # ----------------------------------------------------------------- the loop thread
 
@@ -297,20 +301,22 @@ class Loop:
     def at_iteration_end(self, callback: Callable[[], object]) -> None:
         """Run ``callback()`` at the end of every iteration, after everything that was
         ready ran, and after every 32 ready callbacks of a long iteration: the place to
-        hand over what the iteration produced as one batch. (100 responses arriving at
-        once are 100 deliveries to finish: the first verdicts leave before the last.)"""
+        write what the iteration produced as one batch (the delivery lines). (100
+        responses arriving at once are 100 deliveries to finish: the first lines
+        leave before the last.)"""
         self._iteration_end.append(callback)
 
     def run(self) -> None:
         """Run in the calling thread until ``stop`` (or ``run_until_complete``'s end)."""
         self._stopping = False
+        self._thread = threading.current_thread()
         while not self._stopping:
             self._run_once()
 
     def run_until_complete(self, coro: Coroutine[Future[Any], Any, T]) -> T:
         """Run ``coro`` to its end in the calling thread (tools and tests)."""
         task = self.spawn(coro)
-        task.finished.on_done(self._request_stop)
+        task.finished.on_done(self.request_stop)
         self.run()
         return task.finished.result()  # type: ignore[no-any-return]
 
@@ -379,7 +385,8 @@ class Loop:
         for callback, arg in items:
             self._guarded(callback, (arg,))
 
-    def _request_stop(self, _arg: object) -> None:
+    def request_stop(self, _arg: object = None) -> None:
+        """From the loop thread: ``run`` returns after this iteration."""
         self._stopping = True
 
     @staticmethod

@@ -1,10 +1,9 @@
 """Wires settings into a running service: supervisor, engine, handlers, publisher.
 
-Threads: the supervisor's (pika), the engine's (every delivery), the
-publisher's (dead letters and replies, when an exchange target is
-configured), the shared dedupe store's client (with ``dedupe.store``), the
-ops listener's, and the main thread waiting for a signal. None of them is
-per delivery.
+Threads: the engine loop's (both broker connections, every delivery, every
+HTTP request), the shared dedupe store's client (with ``dedupe.store``), the
+ops listener's, the signal taker, and the main thread waiting for a signal.
+None of them is per delivery.
 
 Shutdown order (``docs/design.md``, "Shutdown"): readiness off and consumers
 cancelled; in-flight work gets ``shutdown.grace`` to finish and be acked;
@@ -84,7 +83,9 @@ class Service:
 
     def _build(self, settings: Settings, endpoints: list[_Endpoints]) -> None:
         try:
-            self.supervisor = Supervisor(settings.broker, self.metrics)
+            self.supervisor = Supervisor(
+                settings.broker, self.metrics, self.engine.loop, self.engine.deliver
+            )
             self.publisher = (
                 Publisher(
                     settings.broker,
@@ -107,7 +108,6 @@ class Service:
             except ValueError as e:  # redis-py's reading of the URL (a bad query parameter)
                 raise ConfigError("dedupe.store", str(e)) from e
         self.engine.settle_with(self.supervisor.settle)
-        self.supervisor.deliver_to(self.engine.submit)
         try:
             self.ops = OpsServer(
                 settings.http.host,
@@ -187,7 +187,7 @@ class Service:
             engine.lines,
             compile_filter(binding),
         )
-        engine.add_binding(binding.name, handler, metrics)
+        engine.add_binding(binding.name, handler)
         self.supervisor.add_binding(binding)
 
     def _dedupe(self, binding: BindingSettings, claim_ttl: float) -> Dedupe:
@@ -236,14 +236,13 @@ class Service:
         log.info("shutdown started", grace_s=grace)
         deadline = time.monotonic() + grace
         self.supervisor.begin_shutdown()
-        self.engine.begin_shutdown()
-        idle = self.engine.wait_idle(max(0.0, deadline - time.monotonic()))
+        idle = self.supervisor.wait_idle(max(0.0, deadline - time.monotonic()))
         self.engine.give_up()
         if not idle:
             log.warning("grace period over; unfinished messages stay unacked for redelivery")
-            # Deliveries whose waits just ended settle as LEAVE; let those verdicts
-            # reach the supervisor before it closes (bounded, and only for accounting).
-            self.engine.wait_idle(CLOSE_BOUND / 3)
+            # Deliveries whose waits just ended settle as LEAVE; let them (bounded,
+            # and only for accounting) before the connection closes.
+            self.supervisor.wait_idle(CLOSE_BOUND / 3)
         self.supervisor.finish(timeout=CLOSE_BOUND)
         if self.publisher is not None:
             self.publisher.close(timeout=CLOSE_BOUND)

@@ -1,7 +1,9 @@
 """The AMQP side: everything that speaks to RabbitMQ through pika.
 
+- ``pika_loop``: pika's connections on the engine loop (``LoopConnection``):
+  one thread from socket to ack, the frames of one loop pass in one write.
 - ``supervisor``: the consuming connection: rotation over a cluster's nodes,
-  reconnects, ticks for ``/healthz``, the batches to and from the engine.
+  reconnects, ticks for ``/healthz``, messages to the engine and verdicts back.
 - ``consumer``: one binding's channel: generations, prefetch room, applying
   verdicts to the channel generation a message arrived on.
 - ``params``: connection parameters for each broker node, the rotation over

@@ -1,8 +1,10 @@
 """One connection at a time with one confirm channel: what every publisher of ours runs on.
 
 The service's publisher (dead letters, replies) and ``replay``'s partitions
-publish the same way, and this is that way written once. ``serve(node)`` runs
-one pika ``SelectConnection`` in the calling thread until it ends: it opens
+publish the same way, and this is that way written once. ``connect(node,
+loop, ended)`` opens one pika ``SelectConnection`` on a ``dispatcher.loop.Loop``
+(the service's engine loop; ``serve(node)`` runs one on a loop of its own in
+the calling thread, for ``replay``) and calls ``ended`` when it is gone. It opens
 one confirm channel, and once the broker confirms that channel it calls
 ``on_ready``; the owner then ``publish``-es on it, as many messages in flight
 as it likes. Every message is tracked in a ``ConfirmWindow``: a ``basic.ack``
@@ -22,19 +24,16 @@ the exchange does not exist) is reopened on the same connection with backoff
 A connection that stays up but confirms nothing (a quorum queue without a
 majority holds confirms; heartbeats still flow) would hold its unconfirmed
 messages forever. With ``confirm_bound``, a connection that has had messages
-unconfirmed and no confirm for that long is closed: ``serve`` returns, the
+unconfirmed and no confirm for that long is closed: ``ended`` is called, the
 messages are handed back through ``on_lost``, and ``last_error`` says why.
 
-Which node to serve next, and how long to wait, is the owner's loop with
-``params.Rotation``; ``serve`` says whether the connection opened and how long
-its channel was in use. Every connection's socket, poller and wake-up pipe are
-freed when it ends (``params.release``).
+Which node to connect to next, and how long to wait, is the owner's choice
+with ``params.Rotation``; ``ended`` says whether the connection opened and how
+long its channel was in use.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Callable, Hashable
 from functools import partial
@@ -42,12 +41,13 @@ from typing import Any, Final, Generic, TypeVar
 
 import pika
 import pika.exceptions
-from pika.adapters.select_connection import SelectConnection
 from pika.spec import Basic
 
 from dispatcher.broker.confirm_window import ConfirmWindow
-from dispatcher.broker.params import Node, describe_error, release
+from dispatcher.broker.params import Node, describe_error
+from dispatcher.broker.pika_loop import LoopConnection
 from dispatcher.logs import get_logger
+from dispatcher.loop import Loop
 from dispatcher.retry import Backoff
 
 log = get_logger()
@@ -59,7 +59,7 @@ LOST: Final = "broker connection lost before the confirm"
 
 
 class ConfirmLink(Generic[T]):
-    """Callbacks run on the thread that called ``serve``, inside pika's loop."""
+    """Callbacks run on the loop the connection was opened on."""
 
     def __init__(
         self,
@@ -70,7 +70,6 @@ class ConfirmLink(Generic[T]):
         returned: Callable[[Any, Any], tuple[Hashable, str]],
         reopen_channel: bool,
         on_open: Callable[[Any], None] | None = None,
-        stopping: threading.Event | None = None,
         role: str | None = None,
         confirm_bound: float | None = None,
     ) -> None:
@@ -81,10 +80,10 @@ class ConfirmLink(Generic[T]):
         self._returned = returned
         self._reopen_channel = reopen_channel
         self._on_open = on_open  # the connection opened: e.g. to hear Connection.Blocked
-        self._stopping = stopping or threading.Event()
+        self.stopping = False  # then no channel or connection is opened again
         self._role = role  # logs connection events as "<role> connected" etc.; None: silent
-        self._lock = threading.Lock()  # guards ``_connection``, read from other threads
         self._connection: Any = None
+        self._ended: Callable[[bool, float | None], None] = lambda _opened, _served: None
         self.channel: Any = None  # the confirm channel, once confirming
         self.window: ConfirmWindow[T] = ConfirmWindow()
         self.opened = 0  # connections that opened, over the link's life
@@ -102,38 +101,49 @@ class ConfirmLink(Generic[T]):
         channel = self.channel
         return channel is not None and bool(channel.is_open)
 
-    # ----------------------------------------------------------------- the serving thread
+    @property
+    def connected(self) -> bool:
+        """A connection is open or opening: ``ended`` will be called for it."""
+        return self._connection is not None
 
-    def serve(self, node: Node) -> tuple[bool, float | None]:
-        """One connection to ``node``, until it ends: (it opened, seconds since its
-        channel got ready, None if it never did)."""
+    def connect(self, node: Node, loop: Loop, ended: Callable[[bool, float | None], None]) -> None:
+        """Open one connection to ``node`` on ``loop``; ``ended(opened, served)`` once it
+        is gone: whether it opened, and the seconds since its channel got ready
+        (None if it never did)."""
         self._opened_now = False
         self._used_at = None
         self._closed_by_us = False
-        connection = None
+        self._ended = ended
         try:
-            connection = SelectConnection(
+            connection = LoopConnection(
+                loop,
                 node.parameters,
                 on_open_callback=partial(self._on_connection_open, node=node),
                 on_open_error_callback=partial(self._on_open_error, node=node),
                 on_close_callback=partial(self._on_connection_closed, node=node),
             )
-            with self._lock:
-                self._connection = connection
-            connection.ioloop.start()
-        except Exception as e:  # pika raises from inside its loop on socket errors
+        except Exception as e:  # nothing is open yet: end it on the next iteration
             self.last_error = f"{type(e).__name__}: {e}"
-            if self._role is not None:
-                log.exception(f"{self._role} connection failed")
+            loop.call_soon(self._end)
+            return
+        self._connection = connection
+
+    def serve(self, node: Node) -> tuple[bool, float | None]:
+        """One connection to ``node`` on a loop of its own in the calling thread,
+        until it ends (``replay``'s partitions): what ``ended`` would say."""
+        loop = Loop(f"link-{node.label}")
+        said: list[tuple[bool, float | None]] = []
+
+        def ended(opened: bool, served: float | None) -> None:
+            said.append((opened, served))
+            loop.request_stop()
+
+        try:
+            self.connect(node, loop, ended)
+            loop.run()
         finally:
-            with self._lock:
-                self._connection = None
-            self.channel = None
-            self._lose(LOST)
-            if connection is not None:
-                release(connection)  # every attempt's socket and loop, not the GC's job
-        served = None if self._used_at is None else time.monotonic() - self._used_at
-        return self._opened_now, served
+            loop.close()
+        return said[0] if said else (self._opened_now, None)
 
     def publish(
         self,
@@ -165,32 +175,25 @@ class ConfirmLink(Generic[T]):
         return None
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
-        """On this connection's loop, ``delay`` seconds from now (from inside it only)."""
+        """On this connection's loop, ``delay`` seconds from now."""
         self._connection.ioloop.call_later(delay, callback)
 
     def close(self) -> None:
-        """From inside the loop: close the connection; ``serve`` returns once it is."""
+        """Close the connection (``stopping`` first, for good); ``ended`` follows."""
         if self._connection is not None:
             _close(self._connection)
 
-    # ----------------------------------------------------------------- any thread
+    def abort(self) -> None:
+        """Drop the connection without the closing handshake; ``ended`` follows."""
+        if self._connection is not None:
+            self._connection.abort()
 
-    def call_threadsafe(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on the current connection's loop; nothing if there is none
-        (the next channel's ``on_ready`` is the owner's cue)."""
-        with self._lock:
-            connection = self._connection
-        if connection is not None:
-            with contextlib.suppress(Exception):  # closing: its loop is already gone
-                connection.ioloop.add_callback_threadsafe(callback)
-
-    def close_threadsafe(self) -> None:
-        """Set ``stopping`` first: then no channel or connection is opened again."""
-        with self._lock:
-            connection = self._connection
-        if connection is not None:
-            with contextlib.suppress(Exception):  # its loop is already gone
-                connection.ioloop.add_callback_threadsafe(partial(_close, connection))
+    def _end(self) -> None:
+        self._connection = None
+        self.channel = None
+        self._lose(LOST)
+        served = None if self._used_at is None else time.monotonic() - self._used_at
+        self._ended(self._opened_now, served)
 
     # ----------------------------------------------------------------- connection events
 
@@ -201,7 +204,7 @@ class ConfirmLink(Generic[T]):
             log.info(f"{self._role} connected", node=node.label)
         if self._on_open is not None:
             self._on_open(connection)
-        if self._stopping.is_set():
+        if self.stopping:
             _close(connection)
             return
         self._open_channel(connection)
@@ -212,21 +215,21 @@ class ConfirmLink(Generic[T]):
             log.warning(
                 f"{self._role} connect failed", node=node.label, error=describe_error(error)
             )
-        connection.ioloop.stop()
+        self._end()
 
     def _on_connection_closed(self, connection: Any, reason: BaseException, node: Node) -> None:
         if not self._closed_by_us:
             self.last_error = f"connection lost: {reason}"
-        if self._role is not None and not self._stopping.is_set():
+        if self._role is not None and not self.stopping:
             log.info(
                 f"{self._role} connection closed",
                 node=node.label,
                 detail=f"{type(reason).__name__}: {reason}",
             )
-        connection.ioloop.stop()
+        self._end()
 
     def _open_channel(self, connection: Any) -> None:
-        if connection.is_open and not self._stopping.is_set():
+        if connection.is_open and not self.stopping:
             connection.channel(on_open_callback=self._on_channel_open)
 
     def _on_channel_open(self, channel: Any) -> None:
@@ -264,9 +267,8 @@ class ConfirmLink(Generic[T]):
             self.last_error = f"channel closed: {reason}"
         if self._reopen_channel:  # else handed back once the connection has closed
             self._lose(f"channel closed by the broker: {reason}")
-        with self._lock:
-            connection = self._connection
-        if connection is None or not connection.is_open or self._stopping.is_set():
+        connection = self._connection
+        if connection is None or not connection.is_open or self.stopping:
             return
         if not self._reopen_channel:
             self._closed_by_us = True  # ``last_error`` keeps the channel's reason
@@ -298,4 +300,4 @@ def _close(connection: Any) -> None:
     try:
         connection.close()
     except pika.exceptions.ConnectionWrongStateError:
-        connection.ioloop.stop()  # still opening or already closing: just leave
+        connection.abort()  # still opening: drop it (already closing: nothing to do)

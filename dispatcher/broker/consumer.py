@@ -1,4 +1,4 @@
-"""One binding's channel on the supervisor's pika thread.
+"""One binding's channel on the supervisor's connection.
 
 A ``Consumer`` opens its binding's channel (declaring the queue if asked),
 sets per-consumer prefetch, consumes, hands each message in with the
@@ -19,7 +19,7 @@ its slot until its verdict comes back, so a new channel's consumers may
 prefetch only what is free (``fill``). A broker that closes the channel ten
 times in a row gets one prefetch's worth of messages held here, not ten.
 
-Everything here runs on the pika thread, except the plain fields read by
+Everything here runs on the engine loop, except the plain fields read by
 ``Supervisor``'s inspection methods.
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -38,7 +37,6 @@ import pika.exceptions
 from dispatcher.broker import amqp_properties
 from dispatcher.broker.params import describe_error
 from dispatcher.config import BindingSettings
-from dispatcher.engine import Verdict
 from dispatcher.events import AmqpMessage, Unreadable
 from dispatcher.from_amqp import amqp_message
 from dispatcher.handler import Action, ChannelState, Received
@@ -55,11 +53,11 @@ class Shared:
 
     metrics: Metrics
     reconnect: Backoff
-    stopping: threading.Event
+    stopping: Callable[[], bool]
     generations: itertools.count[int]
     connection: Callable[[], Any]  # the current connection, or None
     on_ready: Callable[[], None]  # a channel got ready: the connection is in use
-    receive: Callable[[str, Received], None]  # a message, to the engine
+    receive: Callable[[str, Received], None]  # a message, to its delivery
 
 
 class Consumer:
@@ -74,7 +72,7 @@ class Consumer:
         self.consumer_tags: list[str] = []
         self.ready = False  # the channel is set up (queue declared): it may consume
         self._prefetch = 0  # what this channel's consumers were given, in all
-        self._in_flight = 0  # handed to the engine, no verdict back yet: every generation
+        self._in_flight = 0  # handed over, no verdict back yet: every generation
         self._current = 0  # of those, the ones that arrived on this channel
         self._failures = 0  # consecutive channel failures, for backoff
         self._close_reason: str | None = None  # set when we close the channel on purpose
@@ -83,10 +81,16 @@ class Consumer:
     def name(self) -> str:
         return self.settings.name
 
+    @property
+    def in_flight(self) -> int:
+        """Deliveries of this binding not settled yet, whatever their channel: the
+        one count of them (``dispatcher_inflight``, the shutdown's idle)."""
+        return self._in_flight
+
     # ----------------------------------------------------------------- the channel
 
     def open(self, connection: Any) -> None:
-        if self._shared.stopping.is_set() or not connection.is_open:
+        if self._shared.stopping() or not connection.is_open:
             return
         connection.channel(on_open_callback=self._on_channel_open)
 
@@ -145,7 +149,7 @@ class Consumer:
         label = self._close_reason or "channel_closed"
         self.forget_channel()
         connection = self._shared.connection()
-        if self._shared.stopping.is_set() or connection is None or not connection.is_open:
+        if self._shared.stopping() or connection is None or not connection.is_open:
             return  # shutdown, or the connection's own close handles the rebuild
         self._shared.metrics.reconnects.labels(label).inc()
         delay = self._shared.reconnect.wait(self._failures)
@@ -185,7 +189,7 @@ class Consumer:
         channel = self.channel
         if not self.ready or channel is None or not channel.is_open:
             return
-        if self._shared.stopping.is_set():
+        if self._shared.stopping():
             return
         orphans = self._in_flight - self._current
         room = self.settings.workers - orphans - self._prefetch
@@ -203,7 +207,7 @@ class Consumer:
         )
 
     def _consume(self, channel: Any, generation: int) -> None:
-        if self._shared.stopping.is_set() or generation != self.generation:
+        if self._shared.stopping() or generation != self.generation:
             return  # shutdown, or the channel went while this consumer was being set up
         channel.basic_consume(
             self.settings.queue,
@@ -236,6 +240,8 @@ class Consumer:
     def _on_message(
         self, generation: int, _channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
+        if self._shared.stopping():
+            return  # after the cancel: left unacked, the broker has it back at the close
         # A message of a channel that is gone (pika may still hand one over while
         # closing it) is born closed: nothing is sent for it.
         state = self.state if generation == self.generation else _CLOSED
@@ -263,27 +269,27 @@ class Consumer:
 
     # ----------------------------------------------------------------- verdicts
 
-    def apply(self, verdict: Verdict) -> None:
-        """Send ``verdict`` on the channel its message arrived on, if that is this
-        one; call ``fill`` after a batch (the slot is free either way)."""
+    def apply(self, received: Received, action: Action) -> None:
+        """Send ``action`` for ``received`` on the channel it arrived on, if that is
+        this one; call ``fill`` next (the slot is free either way)."""
         self._in_flight -= 1
         channel = self.channel
-        current = channel is not None and verdict.received.generation == self.generation
+        current = channel is not None and received.generation == self.generation
         if current:
             self._current -= 1
-        if verdict.action is Action.LEAVE:
+        if action is Action.LEAVE:
             return  # nothing to send: the broker redelivers it
         if not current or not channel.is_open:
             self._count_stale()
             return
         try:
             # One verdict per delivery, never `multiple`: one ack must not settle others.
-            if verdict.action is Action.ACK:
-                channel.basic_ack(verdict.received.tag, multiple=False)
-            elif verdict.action is Action.REQUEUE:
-                channel.basic_nack(verdict.received.tag, multiple=False, requeue=True)
+            if action is Action.ACK:
+                channel.basic_ack(received.tag, multiple=False)
+            elif action is Action.REQUEUE:
+                channel.basic_nack(received.tag, multiple=False, requeue=True)
             else:
-                channel.basic_reject(verdict.received.tag, requeue=False)
+                channel.basic_reject(received.tag, requeue=False)
         except pika.exceptions.AMQPError:
             self._count_stale()
 

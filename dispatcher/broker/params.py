@@ -184,18 +184,3 @@ def virtual_host(broker: BrokerSettings) -> str:
     """The virtual host of the first node (``config`` checks that every node names it),
     read as pika reads it, without building the URL's parameters again."""
     return amqp.virtual_host(broker.urls[0])
-
-
-def release(connection: Any, bound: float = 5.0) -> None:
-    """After a ``SelectConnection``'s loop has returned: close it if it is still open
-    (an exception ended the loop, not a close), waiting at most ``bound`` seconds,
-    then free the loop's poller and wake-up pipe. Never raises."""
-    try:
-        if not connection.is_closed:
-            connection.ioloop.call_later(bound, connection.ioloop.stop)
-            connection.close()
-            connection.ioloop.start()  # until the close completes (its callback stops it)
-    except Exception:  # a connection that cannot even close is dropped with its loop
-        pass
-    finally:
-        connection.ioloop.close()

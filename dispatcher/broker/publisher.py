@@ -3,7 +3,7 @@
 Publishing never shares the consuming connection: a broker memory or disk
 alarm blocks connections that publish, and a blocked consuming connection
 would stop acks from being read. Nor does it open a connection or channel per
-message: brokers fall over under that churn. One thread serves one
+message: brokers fall over under that churn. One
 ``confirm_link.ConfirmLink`` (the connection, confirm channel, window and
 returns that ``replay`` publishes on too), connected at start and rebuilt
 with backoff whenever it breaks; a channel the broker closes is reopened on
@@ -16,8 +16,9 @@ Deliveries on the engine loop call ``publish`` and await the answer: ``None``
 once the broker confirmed the message, else why not (nacked, returned as
 unroutable, the channel or connection lost, or no confirm in time). Many
 publishes are in flight at once, and each delivery waits only for its own
-confirm. Requests reach this thread in batches (one wake-up per batch), and
-answers go back to the loop the same way.
+confirm. The connection runs on the engine loop itself (``pika_loop``): a
+publish is on the wire in the iteration that asked for it, and its confirm
+resolves the delivery's future with no thread in between.
 
 While a resource alarm blocks this connection, ``dispatcher_broker_blocked``
 stays 1, across the reconnects that ``blocked_timeout`` causes. What ends it
@@ -49,7 +50,7 @@ import pika
 
 from dispatcher import events
 from dispatcher.broker.confirm_link import ConfirmLink
-from dispatcher.broker.params import Rotation, nodes, reconnect_backoff
+from dispatcher.broker.params import Node, Rotation, nodes, reconnect_backoff
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
@@ -75,10 +76,9 @@ class _Request:
     timer: Timer | None = None
 
 
-Answers = list[tuple[_Request, str | None]]
-
-
 class Publisher:
+    """Everything here runs on the engine loop, except ``start`` and ``close``."""
+
     def __init__(
         self,
         broker: BrokerSettings,
@@ -88,15 +88,14 @@ class Publisher:
     ) -> None:
         # Built once: URL parsing and TLS files are not re-read on every reconnect.
         self._rotation = Rotation(nodes(broker, "publisher"), reconnect_backoff(broker))
+        self._node: Node = self._rotation.nodes[0]  # tried last
         self._loop = loop
         self._on_blocked = on_blocked or (lambda _blocked: None)
         self._clock = clock
-        self._lock = threading.Lock()  # guards the queue and ``_woken``
-        self._queue: deque[_Request] = deque()
-        self._woken = False
-        self._blocked = False  # the publisher thread's: a resource alarm blocks us
+        self._queue: deque[_Request] = deque()  # waiting for a ready channel
+        self._blocked = False  # a resource alarm blocks us
         self._heard_blocked = False  # this connection got Connection.Blocked, no Unblocked
-        self._stopping = threading.Event()
+        self._closed = threading.Event()  # set once stopping and no connection is left
         self._link: ConfirmLink[_Request] = ConfirmLink(
             on_ready=self._on_ready,
             on_settled=self._on_settled,
@@ -104,20 +103,23 @@ class Publisher:
             returned=_returned,
             reopen_channel=True,
             on_open=self._on_open,
-            stopping=self._stopping,
             role="publisher",
             # Unconfirmed requests (their futures long answered) must not pile up
             # on a connection that stopped confirming: as long as a block may last.
             confirm_bound=broker.blocked_timeout,
         )
-        self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
+
+    @property
+    def ready(self) -> bool:
+        """A confirm channel is open: a publish goes out at once, else it waits."""
+        return self._link.ready
 
     @property
     def connections_opened(self) -> int:
         """Long-lived: stays 1 while the broker stays up."""
         return self._link.opened
 
-    # ----------------------------------------------------------------- the engine loop
+    # ----------------------------------------------------------------- the loop
 
     def publish(
         self,
@@ -140,7 +142,10 @@ class Publisher:
         request.timer = self._loop.call_later(
             timeout, future.resolve, f"no confirm from the broker within {timeout:g}s"
         )
-        self._submit(request)
+        if self._link.ready:
+            self._send(request)
+        else:
+            self._wait_for_channel(request)
         return future
 
     def publish_event(
@@ -161,51 +166,53 @@ class Publisher:
             exchange, routing_key, event.data or b"", headers, content_type, timeout
         )
 
-    def _answer(self, answers: Answers) -> None:
-        for request, error in answers:
-            if request.timer is not None:
-                request.timer.cancel()
-            if request.future is not None:
-                request.future.resolve(error)
+    def _wait_for_channel(self, request: _Request) -> None:
+        queue = self._queue
+        now = self._clock()
+        # Disconnected for long, the queue would only hold what nobody waits
+        # for any more: drop what expired (its delivery has moved on).
+        while queue and queue[0].expires <= now:
+            queue.popleft()
+        queue.append(request)
 
-    # ----------------------------------------------------------------- any thread
+    def _send(self, request: _Request) -> None:
+        error = self._publish_one(request)
+        if error is not None:
+            _answer(request, error)
+
+    # ----------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        self._thread.start()
+        """From any thread: connect on the loop."""
+        self._loop.call_soon_threadsafe(lambda _arg: self._connect(), None)
 
     def close(self, timeout: float = _CLOSE_BOUND) -> None:
-        self._stopping.set()
-        self._link.close_threadsafe()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        """From any thread but the loop's: close the connection, wait (bounded)."""
+        if self._loop.call_soon_threadsafe(lambda _arg: self._stop(), None):
+            self._closed.wait(timeout)
 
-    def _submit(self, request: _Request) -> None:
-        with self._lock:
-            queue = self._queue
-            now = self._clock()
-            # Disconnected for long, the queue would only hold what nobody waits
-            # for any more: drop what expired (its delivery has moved on).
-            while queue and queue[0].expires <= now:
-                queue.popleft()
-            queue.append(request)
-            if self._woken:
-                return
-            self._woken = True
-        # No connection: the next channel's ready callback flushes the queue.
-        self._link.call_threadsafe(self._flush)
+    def _stop(self) -> None:
+        self._link.stopping = True
+        if self._link.connected:
+            self._link.close()
+        else:
+            self._closed.set()  # waiting to reconnect: the wait's timer finds it stopping
 
-    # ----------------------------------------------------------------- the publisher thread
+    def _connect(self) -> None:
+        if self._link.stopping:
+            self._closed.set()
+            return
+        self._node = self._rotation.next()
+        self._link.connect(self._node, self._loop, self._ended)
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            node = self._rotation.next()
-            opened, served = self._link.serve(node)
-            if self._stopping.is_set():
-                break
-            # 0 while other nodes of the round are left to try.
-            delay = self._rotation.ended(opened=opened, served=served)
-            log.warning("publisher disconnected", node=node.label, retry_in_s=round(delay, 3))
-            self._stopping.wait(delay)
+    def _ended(self, opened: bool, served: float | None) -> None:
+        if self._link.stopping:
+            self._closed.set()
+            return
+        # 0 while other nodes of the round are left to try.
+        delay = self._rotation.ended(opened=opened, served=served)
+        log.warning("publisher disconnected", node=self._node.label, retry_in_s=round(delay, 3))
+        self._loop.call_later(delay, self._connect)
 
     def _on_open(self, connection: Any) -> None:
         self._heard_blocked = False
@@ -227,7 +234,11 @@ class Publisher:
             log.info("broker unblocked the publishing connection")
 
     def _on_ready(self) -> None:
-        self._flush()
+        requests, self._queue = self._queue, deque()
+        now = self._clock()
+        for request in requests:
+            if request.expires > now:  # else its delivery stopped waiting: never late
+                self._send(request)
         self._probe(self._link.channel)
 
     def _probe(self, channel: Any) -> None:
@@ -247,23 +258,6 @@ class Publisher:
         self._publish_one(probe)
         self._link.call_later(_PROBE_INTERVAL, lambda: self._probe(channel))
 
-    def _flush(self) -> None:
-        ready = self._link.ready
-        with self._lock:
-            self._woken = False
-            if not ready:
-                return  # the channel's ready callback flushes the queue
-            requests, self._queue = self._queue, deque()
-        now = self._clock()
-        answers: Answers = []
-        for request in requests:
-            if request.expires <= now:
-                continue  # its delivery stopped waiting: never publish it late
-            error = self._publish_one(request)
-            if error is not None:
-                answers.append((request, error))
-        self._send_answers(answers)
-
     def _publish_one(self, request: _Request) -> str | None:
         try:
             error = self._link.publish(
@@ -279,19 +273,23 @@ class Publisher:
             return f"broker connection failed: {type(e).__name__}"
         return None if error is None else error[:300]
 
-    def _on_settled(self, settled: Answers, acked: bool) -> None:
+    def _on_settled(self, settled: list[tuple[_Request, str | None]], acked: bool) -> None:
         if acked and not self._heard_blocked:
             self._set_blocked(False)  # read and confirmed with no alarm said: not blocked
-        self._send_answers(settled)
+        for request, error in settled:
+            _answer(request, error)
 
     def _on_lost(self, requests: list[_Request], reason: str) -> None:
         # Still blocked, as far as anyone knows: the next confirm will tell.
-        self._send_answers([(request, reason) for request in requests])
+        for request in requests:
+            _answer(request, reason)
 
-    def _send_answers(self, answers: Answers) -> None:
-        answers = [answer for answer in answers if answer[0].future is not None]
-        if answers:
-            self._loop.call_soon_threadsafe(self._answer, answers)
+
+def _answer(request: _Request, error: str | None) -> None:
+    if request.timer is not None:
+        request.timer.cancel()
+    if request.future is not None:
+        request.future.resolve(error)
 
 
 def _returned(method: Any, properties: Any) -> tuple[tuple[str, str, object, object], str]:

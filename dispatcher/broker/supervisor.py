@@ -1,4 +1,4 @@
-"""The connection supervisor: the one thread that owns pika.
+"""The connection supervisor: the consuming connection, watched and rebuilt forever.
 
 It connects, opens one channel per binding (so a channel-level close of one
 binding does not disturb the others), sets prefetch, consumes, notices every
@@ -9,33 +9,33 @@ connection to one node leads straight to the next, and the backoff applies
 only when a whole round of nodes failed. The node connected to is logged
 (``host:port``) and shown by ``dispatcher_broker_node``.
 
-Messages are handed to the delivery engine; the engine hands its verdicts
-back in batches through ``settle``, which queues them and wakes the pika
-thread with ``add_callback_threadsafe`` (one wake-up per batch, not per ack).
+It runs on the engine loop, as every delivery does (pika through
+``pika_loop.LoopConnection``): a message goes from pika's frame to its delivery's
+coroutine by a call (``deliver``), and the delivery's verdict comes back the
+same way (``settle``), so an ack is on the wire in the iteration that decided
+it. The supervisor is not a thread but a set of callbacks on that loop: the
+connection's close callback schedules the next connect, as Knative's
+dispatcher has a goroutine watching its connection's close notification.
 
 Each binding's channel is a ``Consumer`` (``consumer``): its channel
 generations, prefetch room and verdicts. A connection lost takes every
 channel with it; the supervisor reconnects and the consumers open new ones.
 
-Only this thread touches pika objects; the lock guards the few fields other
-threads read (current connection, pending verdicts).
+Everything here runs on the loop thread, except the methods marked "any
+thread": those only schedule work on the loop, or read plain fields.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import pika
 import pika.exceptions
-from pika.adapters.select_connection import SelectConnection
 
 from dispatcher.broker.consumer import Consumer, Shared
 from dispatcher.broker.params import (
@@ -44,17 +44,19 @@ from dispatcher.broker.params import (
     describe_error,
     nodes,
     reconnect_backoff,
-    release,
 )
+from dispatcher.broker.pika_loop import LoopConnection
 from dispatcher.config import BindingSettings, BrokerSettings
-from dispatcher.engine import Verdict
-from dispatcher.handler import Received
+from dispatcher.handler import Action, Received
 from dispatcher.logs import get_logger
+from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
 
 log = get_logger()
 
 _TICK = 1.0  # the loop proves it is alive this often (for /healthz)
+
+Deliver = Callable[[str, Received], None]
 
 
 class Supervisor:
@@ -62,22 +64,22 @@ class Supervisor:
         self,
         broker: BrokerSettings,
         metrics: Metrics,
+        loop: Loop,
+        deliver: Deliver,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._broker = broker
         self._metrics = metrics
+        self._loop = loop
         self._reconnect = reconnect_backoff(broker, rng)
         # Built once (URLs, TLS files): raises here, at start, for a bad CA or key.
         self._rotation = Rotation(nodes(broker, "consumer"), self._reconnect)
-        self._node: Node = self._rotation.nodes[0]  # the pika thread's: tried last
+        self._node: Node = self._rotation.nodes[0]  # tried last
         self._bindings: dict[str, Consumer] = {}
-        self._lock = threading.Lock()
-        self._verdicts: deque[Verdict] = deque()
-        self._inbound: list[tuple[str, Received]] = []  # the pika thread's
-        self._deliver: Callable[[list[tuple[str, Received]]], None] = lambda _batch: None
         self._connection: Any = None
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="broker", daemon=True)
+        self._stopping = False
+        self._idle = threading.Event()  # stopping, and no delivery in flight
+        self._closed = threading.Event()  # stopping, and no connection left
         self._close_reason = "connection_lost"
         self._was_open = False
         self._used_at: float | None = None  # when this connection got a channel ready
@@ -85,33 +87,32 @@ class Supervisor:
         self._shared = Shared(
             metrics,
             self._reconnect,
-            self._stopping,
+            lambda: self._stopping,
             itertools.count(1),
-            self._current_connection,
+            lambda: self._connection,
             self._channel_ready,
-            self._receive,
+            deliver,
         )
 
     def add_binding(self, settings: BindingSettings) -> None:
-        self._bindings[settings.name] = Consumer(settings, self._shared)
+        consumer = Consumer(settings, self._shared)
+        self._bindings[settings.name] = consumer
         self._metrics.register_binding(settings.name)
-
-    def deliver_to(self, deliver: Callable[[list[tuple[str, Received]]], None]) -> None:
-        """Where received messages go (the engine), a batch per pass of pika's loop."""
-        self._deliver = deliver
+        # Read when scraped: no gauge update (and its lock) per delivery.
+        self._metrics.binding(settings.name).inflight.set_function(lambda: consumer.in_flight)
 
     # ----------------------------------------------------------------- any thread
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.call_soon_threadsafe(lambda _arg: self._start(), None)
 
     def consumers(self) -> dict[str, bool]:
         """Binding name -> has a live consumer."""
         return {name: bool(b.consumer_tags) for name, b in self._bindings.items()}
 
-    # Inspection and fault injection for tests and debugging, from any thread: the
-    # values are plain fields the pika thread writes, read as they are; anything
-    # that touches pika runs on the pika thread.
+    # Inspection and fault injection for tests and debugging: the values are plain
+    # fields the loop writes, read as they are; anything that touches pika runs on
+    # the loop.
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -131,116 +132,64 @@ class Supervisor:
         return consumer.ready and channel is not None and bool(channel.is_open)
 
     def close_channel(self, binding: str) -> bool:
-        """Ask the pika thread to close ``binding``'s channel, as a broker-side channel
-        error would: counted as ``channel_closed`` and rebuilt after a backoff, with a
-        new generation. False when there is no connection to ask."""
-        return self.run_on_broker_thread(self._bindings[binding].close_channel)
+        """Close ``binding``'s channel as a broker-side channel error would: counted as
+        ``channel_closed`` and rebuilt after a backoff, with a new generation. False
+        when there is no connection to ask."""
+        return self._connection is not None and self.run_on_loop(
+            self._bindings[binding].close_channel
+        )
 
-    def run_on_broker_thread(self, callback: Callable[[], None]) -> bool:
-        """Run ``callback`` on the pika thread, between its events (a stuck loop can be
-        simulated so). False when there is no connection, hence no loop, to run it."""
-        with self._lock:
-            connection = self._connection
-        if connection is None:
-            return False
-        self._call_soon(connection, callback)
-        return True
-
-    def settle(self, verdicts: list[Verdict]) -> None:
-        """Called by the engine with a batch of verdicts (``LEAVE`` included: each one
-        frees its delivery's slot)."""
-        with self._lock:
-            wake = not self._verdicts
-            self._verdicts.extend(verdicts)
-            connection = self._connection
-        if wake and connection is not None:
-            self._call_soon(connection, self._apply_verdicts)
+    def run_on_loop(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` on the loop, between its events (a stuck loop can be
+        simulated so). False once the loop has stopped."""
+        return self._loop.call_soon_threadsafe(lambda _arg: callback(), None)
 
     def begin_shutdown(self) -> None:
-        """Not ready any more; cancel consumers so no new message arrives."""
-        self._stopping.set()
-        with self._lock:
-            connection = self._connection
-        if connection is not None:
-            self._call_soon(connection, self._cancel_consumers)
+        """Cancel consumers so no new message arrives; one that still does is left
+        unacked (the broker has it back when the channel closes)."""
+        self.run_on_loop(self._begin_shutdown)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """After ``begin_shutdown``: True once no delivery is in flight; bounded."""
+        return self._idle.wait(timeout)
 
     def finish(self, timeout: float) -> None:
-        """Apply what workers settled, close the connection, wait (bounded) for the thread."""
-        self._stopping.set()
-        with self._lock:
-            connection = self._connection
-        if connection is not None:
-            self._call_soon(connection, self._close)
-        self._thread.join(timeout)
+        """Close the connection; wait (bounded) until it is closed."""
+        if self.run_on_loop(self._close):
+            self._closed.wait(timeout)
 
-    @staticmethod
-    def _call_soon(connection: Any, callback: Callable[[], None]) -> None:
-        # Raises once the loop is closed: the connection is gone, and so is the need.
-        with contextlib.suppress(Exception):
-            connection.ioloop.add_callback_threadsafe(callback)
+    # ----------------------------------------------------------------- the connection
 
-    # ----------------------------------------------------------------- the pika thread
+    def _start(self) -> None:
+        self._tick()
+        self._connect()
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            node = self._node = self._rotation.next()
-            try:
-                reason = self._serve_one_connection(node)
-            except Exception:
-                # Never let the one thread that consumes die: log, back off, rebuild.
-                log.exception("broker supervisor error", node=node.label)
-                reason = "error"
-            if self._stopping.is_set():
-                break
-            self._metrics.reconnects.labels(reason).inc()
-            # 0 while other nodes of the round are left to try.
-            served = None if self._used_at is None else time.monotonic() - self._used_at
-            delay = self._rotation.ended(opened=self._was_open, served=served)
-            log.warning(
-                "broker disconnected", node=node.label, reason=reason, retry_in_s=round(delay, 3)
-            )
-            self._wait_ticking(delay)
-        log.info("broker supervisor stopped")
+    def _tick(self) -> None:
+        self.last_tick = time.monotonic()
+        self._loop.call_later(_TICK, self._tick)
 
-    def _wait_ticking(self, seconds: float) -> None:
-        """Wait to reconnect, still ticking: a broker outage is not a stuck process."""
-        deadline = time.monotonic() + seconds
-        while not self._stopping.is_set():
-            self.last_tick = time.monotonic()
-            left = deadline - self.last_tick
-            if left <= 0:
-                return
-            self._stopping.wait(min(left, _TICK))
-
-    def _serve_one_connection(self, node: Node) -> str:
+    def _connect(self) -> None:
+        if self._stopping:
+            self._closed.set()
+            return
+        node = self._node = self._rotation.next()
         self._close_reason = "connect_failed"
         self._was_open = False
         self._used_at = None
-        connection = SelectConnection(
-            node.parameters,
-            on_open_callback=self._on_open,
-            on_open_error_callback=self._on_open_error,
-            on_close_callback=self._on_close,
-        )
-        with self._lock:
-            self._connection = connection
         try:
-            connection.ioloop.call_later(_TICK, partial(self._tick, connection))
-            connection.ioloop.start()
-        finally:
-            with self._lock:
-                self._connection = None
-            for consumer in self._bindings.values():
-                consumer.forget_channel()
-            self._metrics.broker_connected.set(0)
-            self._metrics.set_broker_node(None)
-            self._metrics.set_blocked("consumer", False)
-            release(connection)
-        return self._close_reason
-
-    def _tick(self, connection: Any) -> None:
-        self.last_tick = time.monotonic()
-        connection.ioloop.call_later(_TICK, partial(self._tick, connection))
+            connection = LoopConnection(
+                self._loop,
+                node.parameters,
+                on_open_callback=self._on_open,
+                on_open_error_callback=self._on_open_error,
+                on_close_callback=self._on_close,
+            )
+        except Exception:
+            # Never let consumption end: log, back off, rebuild.
+            log.exception("broker supervisor error", node=node.label)
+            self._loop.call_soon(self._ended, "error")
+            return
+        self._connection = connection
 
     def _on_open(self, connection: Any) -> None:
         self._was_open = True
@@ -250,30 +199,45 @@ class Supervisor:
         log.info("broker connected", node=self._node.label, connection=self._broker.connection_name)
         connection.add_on_connection_blocked_callback(self._on_blocked)
         connection.add_on_connection_unblocked_callback(self._on_unblocked)
-        self._apply_verdicts()  # verdicts queued while disconnected are stale: count them
-        if self._stopping.is_set():
+        if self._stopping:
             self._close()
             return
         for consumer in self._bindings.values():
             consumer.open(connection)
 
-    def _on_open_error(self, connection: Any, error: Exception) -> None:
-        self._close_reason = "connect_failed"
+    def _on_open_error(self, _connection: Any, error: Exception) -> None:
         log.warning("broker connect failed", node=self._node.label, error=describe_error(error))
-        connection.ioloop.stop()
+        self._ended("connect_failed")
 
-    def _on_close(self, connection: Any, reason: Exception) -> None:
-        if self._stopping.is_set():
-            self._close_reason = "shutdown"
-        else:
-            self._close_reason = _close_reason(reason, self._close_reason)
+    def _on_close(self, _connection: Any, reason: Exception) -> None:
+        label = "shutdown" if self._stopping else _close_reason(reason, self._close_reason)
         log.info(
             "broker connection closed",
             node=self._node.label,
-            reason=self._close_reason,
+            reason=label,
             detail=describe_error(reason),
         )
-        connection.ioloop.stop()
+        self._ended(label)
+
+    def _ended(self, reason: str) -> None:
+        self._connection = None
+        for consumer in self._bindings.values():
+            consumer.forget_channel()
+        self._metrics.broker_connected.set(0)
+        self._metrics.set_broker_node(None)
+        self._metrics.set_blocked("consumer", False)
+        if self._stopping:
+            self._closed.set()
+            log.info("broker supervisor stopped")
+            return
+        self._metrics.reconnects.labels(reason).inc()
+        # 0 while other nodes of the round are left to try.
+        served = None if self._used_at is None else time.monotonic() - self._used_at
+        delay = self._rotation.ended(opened=self._was_open, served=served)
+        log.warning(
+            "broker disconnected", node=self._node.label, reason=reason, retry_in_s=round(delay, 3)
+        )
+        self._loop.call_later(delay, self._connect)
 
     def _on_blocked(self, _connection: Any, _frame: Any) -> None:
         self._metrics.set_blocked("consumer", True)
@@ -283,53 +247,40 @@ class Supervisor:
         self._metrics.set_blocked("consumer", False)
         log.info("broker unblocked the connection")
 
-    # ----------------------------------------------------------------- messages and verdicts
-
     def _channel_ready(self) -> None:
         if self._used_at is None:
             self._used_at = time.monotonic()
 
-    def _receive(self, binding: str, received: Received) -> None:
-        if not self._inbound:
-            # pika dispatches every frame of one socket read, then its timers: the
-            # whole burst goes to the engine in one hand-over (one wake-up, and one
-            # turn each at the GIL instead of a tug of war per message).
-            self._connection.ioloop.call_later(0, self._hand_over)
-        self._inbound.append((binding, received))
+    # ----------------------------------------------------------------- verdicts and shutdown
 
-    def _hand_over(self) -> None:
-        inbound, self._inbound = self._inbound, []
-        self._deliver(inbound)
+    def settle(self, binding: str, received: Received, action: Action) -> None:
+        """A delivery's verdict (``LEAVE`` included: each one frees its slot)."""
+        consumer = self._bindings[binding]
+        consumer.apply(received, action)
+        consumer.fill()
+        if self._stopping:
+            self._check_idle()
 
-    def _current_connection(self) -> Any:
-        with self._lock:
-            return self._connection
-
-    def _apply_verdicts(self) -> None:
-        with self._lock:
-            verdicts = list(self._verdicts)
-            self._verdicts.clear()
-        touched: set[str] = set()
-        for verdict in verdicts:
-            touched.add(verdict.binding)
-            self._bindings[verdict.binding].apply(verdict)
-        for name in touched:
-            self._bindings[name].fill()
-
-    def _cancel_consumers(self) -> None:
+    def _begin_shutdown(self) -> None:
+        self._stopping = True
         for consumer in self._bindings.values():
             consumer.cancel()
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if all(consumer.in_flight == 0 for consumer in self._bindings.values()):
+            self._idle.set()
 
     def _close(self) -> None:
-        self._apply_verdicts()
-        with self._lock:
-            connection = self._connection
+        self._stopping = True
+        connection = self._connection
         if connection is None:
+            self._closed.set()  # waiting to reconnect: the wait's timer finds it stopping
             return
         try:
             connection.close()
         except pika.exceptions.ConnectionWrongStateError:
-            connection.ioloop.stop()  # still opening or already closing: just leave
+            connection.abort()  # still opening: drop it (closing already: wait for it)
 
 
 def _close_reason(error: Exception, current: str) -> str:

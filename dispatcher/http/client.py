@@ -6,7 +6,7 @@ requests and turns finished transfers into ``Response`` values. One
 ``CurlMulti`` serves every binding: curl tells the loop which sockets to
 watch (``M_SOCKETFUNCTION``), and after each call we ask it when to wake it
 next (``timeout()``, rather than a timer callback from inside curl: every
-callback must take the GIL back, often from the pika thread), so thousands
+callback would re-enter the interpreter from inside curl), so thousands
 of requests can be in flight on the one engine thread.
 
 What each request costs in Python is kept to a handful of calls: easy

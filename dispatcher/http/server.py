@@ -5,9 +5,9 @@ engine's. ``prometheus_client.start_http_server`` would answer every path with
 metrics, so the three paths are routed here and anything else is a 404.
 
 - ``/healthz``: 200 while the process and its broker I/O loop are alive. The
-  broker thread ticks every second, connected or not (its reconnect wait
-  ticks too); a tick older than ``STUCK_AFTER`` means the loop is stuck, and
-  Kubernetes should restart the pod: 503.
+  engine loop (which runs the broker connections) ticks every second,
+  connected or not; a tick older than ``STUCK_AFTER`` means the loop is stuck,
+  and Kubernetes should restart the pod: 503.
 - ``/readyz``: 200 only while every binding has a live consumer; otherwise 503
   with ``{"ready": false, "down": [bindings...]}``. 503 during shutdown.
 

@@ -193,11 +193,14 @@ class ConfirmedPublisher:
                 error = link.publish(
                     record, record.key, self._exchange, self._routing_key, record.body, properties
                 )
-            except Exception:
+            except Exception as e:
                 # The channel or connection broke under us: the record goes again on
-                # the next connection, after what was in flight before it.
+                # the next connection, after what was in flight before it. The
+                # connection's close ends ``serve``; this one is dropped at once.
                 self._requeue([record], "")
-                raise
+                link.last_error = f"{type(e).__name__}: {e}"
+                link.abort()
+                return
             if error is not None:  # this record alone cannot be encoded
                 self.result.fail(record, error)
         if self._finished():

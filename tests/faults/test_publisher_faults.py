@@ -12,6 +12,7 @@ from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.loop import Future, Loop
 from tests.support.broker import channel, delete, queue_depth, unique, wait_until
+from tests.support.loops import close_on_loop, run_until
 from tests.support.node import RabbitNode
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(180)]
@@ -46,8 +47,7 @@ def publishing(live_node: RabbitNode) -> Iterator[tuple[Loop, Publisher]]:
     publisher = Publisher(BrokerSettings(url=live_node.url, blocked_timeout=60.0), loop)
     publisher.start()
     yield loop, publisher
-    publisher.close()
-    loop.close()
+    close_on_loop(loop, publisher.close)
 
 
 def test_a_confirm_after_the_timeout_changes_nothing(live_node, durable_target, publishing):
@@ -79,11 +79,12 @@ def test_a_request_that_expired_while_disconnected_is_never_published(
     opened = publisher.connections_opened
     live_node.stop_app()
     try:
+        run_until(loop, lambda: not publisher.ready, 30, "the publisher to see the broker go")
         expired = publisher.publish_event(exchange, "", event(1), 0.3)
         assert answer(loop, expired) == "no confirm from the broker within 0.3s"
     finally:
         live_node.start_app()
-    wait_until(lambda: publisher.connections_opened > opened, 30, "the publisher to reconnect")
+    run_until(loop, lambda: publisher.connections_opened > opened, 30, "the publisher to reconnect")
     assert answer(loop, publisher.publish_event(exchange, "", event(2), 10.0)) is None
     ids = []
     with channel(live_node.url) as ch:

@@ -17,6 +17,7 @@ from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.loop import Future, Loop
 from tests.support import broker
+from tests.support.loops import close_on_loop, run_until
 from tests.support.proxy import FaultProxy
 
 pytestmark = pytest.mark.broker
@@ -28,8 +29,7 @@ def publishing() -> Iterator[tuple[Loop, Publisher]]:
     publisher = Publisher(BrokerSettings(url=broker.URL), loop)
     publisher.start()
     yield loop, publisher
-    publisher.close()
-    loop.close()
+    close_on_loop(loop, publisher.close)
 
 
 def event(number: int) -> Event:
@@ -128,11 +128,8 @@ def test_a_connection_that_never_confirms_is_replaced_not_kept_forever():
         futures = [publisher.publish_event(exchange, "", event(n), 0.3) for n in range(50)]
         reasons = answers(loop, futures)
         assert reasons == ["no confirm from the broker within 0.3s"] * 50
-        broker.wait_until(
-            lambda: publisher.connections_opened >= 2, message="a new publisher connection"
-        )
+        run_until(loop, lambda: publisher.connections_opened >= 2, 20, "a new publisher connection")
     finally:
-        publisher.close()
-        loop.close()
+        close_on_loop(loop, publisher.close)
         proxy.close()
         broker.delete([queue], [exchange])

@@ -349,7 +349,7 @@ def test_healthz_turns_503_when_the_broker_loop_is_stuck(make_subscriber, run_se
 
     assert healthz() == 200
     started = time.monotonic()
-    assert supervisor.run_on_broker_thread(lambda: time.sleep(14))  # a stuck pika loop
+    assert supervisor.run_on_loop(lambda: time.sleep(14))  # a stuck loop
     wait_until(lambda: healthz() == 503, 15, "healthz to notice the stuck loop")
     assert time.monotonic() - started < 12 + 1  # within STUCK_AFTER plus a tick
     wait_until(lambda: healthz() == 200, 15, "healthz to recover")

@@ -199,9 +199,9 @@ def test_the_consumer_and_the_publisher_go_round_every_node():
     from dispatcher.broker.supervisor import Supervisor
     from dispatcher.metrics import Metrics
 
-    supervisor = Supervisor(CLUSTER, Metrics())
-    assert supervisor.nodes == ("rabbit-0:5672", "rabbit-1:5671", "[fd00::2]:5673")
     loop = Loop()
+    supervisor = Supervisor(CLUSTER, Metrics(), loop, lambda _name, _received: None)
+    assert supervisor.nodes == ("rabbit-0:5672", "rabbit-1:5671", "[fd00::2]:5673")
     try:
         publisher = Publisher(CLUSTER, loop)
         labels = [n.label for n in publisher._rotation.nodes]
