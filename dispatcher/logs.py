@@ -4,9 +4,10 @@ The ``delivery`` line is written once per message, so it has a direct path
 (``DeliveryLines``): in JSON format it is the same line structlog would
 render, built with one cached JSON encoder instead of a processor chain and
 a new bound logger per call. The engine writes the lines of one loop
-iteration with one ``write`` and one flush (a syscall each per line was
-about 10 us of a delivery's CPU); an iteration lasts a millisecond or so,
-so lines still appear as they happen.
+iteration with one ``write`` (a syscall each per line was about 10 us of a
+delivery's CPU); an iteration lasts a millisecond or so, so lines still
+appear as they happen. Where the bytes go, and why a stdout nobody reads
+never stops the loop, is ``log_output``'s.
 """
 
 from __future__ import annotations
@@ -14,27 +15,23 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import sys
-import threading
 from collections.abc import Callable
 from typing import Any, cast
 
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-# Every line of the process goes out under this lock, text and newline in one
-# write: with stdout unbuffered (PYTHONUNBUFFERED=1, as in the image) each write
-# is a syscall, and a line written in two (``print`` writes the text, then the
-# newline) could take another thread's lines into its middle.
-_WRITE_LOCK = threading.Lock()
+from dispatcher.log_output import Output
+
+# Every line of the process goes out through this, text and newline in one write
+# under one lock (a line written in two could take another thread's lines into its
+# middle), without blocking the engine loop once a service attaches it.
+OUTPUT = Output()
 
 
 def write_lines(text: str) -> None:
     """Write ``text`` (whole lines, each ending in a newline) to stdout at once."""
-    with _WRITE_LOCK:
-        stream = sys.stdout  # looked up per call: whoever replaced stdout (tests) gets it
-        stream.write(text)
-        stream.flush()
+    OUTPUT.write(text)
 
 
 class _LineLogger:

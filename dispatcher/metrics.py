@@ -9,8 +9,11 @@ load), an outcome, a status class, a reconnect reason. Never an event id or URL.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 # `_created` series double the scrape size and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -164,6 +167,11 @@ class Metrics:
                 self._blocked.discard(connection)
             self.broker_blocked.set(1 if self._blocked else 0)
 
+    def count_log_drops(self, read: Callable[[], int]) -> None:
+        """``dispatcher_log_lines_dropped_total``: log lines a stdout nobody read
+        could not take (``log_output``); ``read`` is asked at each scrape."""
+        self.registry.register(_ReadCounter("dispatcher_log_lines_dropped", _LOG_DROPS_HELP, read))
+
     def register_binding(self, binding: str) -> None:
         """Create every labelled child so dashboards see zeros, not gaps."""
         for outcome in OUTCOMES:
@@ -200,3 +208,18 @@ class BindingMetrics:
     def observe_attempt(self, status: int | None, seconds: float) -> None:
         self.attempts[code_class(status)].inc()
         self.dispatch_duration.observe(seconds)
+
+
+_LOG_DROPS_HELP = "Log lines dropped because stdout was not read (the process never waits on it)."
+
+
+class _ReadCounter(Collector):
+    """A counter kept elsewhere as a plain int, read when scraped."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], int]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self._read())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from dispatcher import http_form
+from dispatcher import http_form, logs
 from dispatcher.bearer import BearerToken
 from dispatcher.broker.params import virtual_host
 from dispatcher.broker.publisher import Publisher
@@ -41,6 +41,7 @@ from dispatcher.http.endpoint import Endpoint, endpoint
 from dispatcher.http.server import OpsServer
 from dispatcher.http.target import HttpTarget
 from dispatcher.logs import get_logger
+from dispatcher.loop import WRITABLE
 from dispatcher.metrics import Metrics
 from dispatcher.reply import Replier
 from dispatcher.seams import Dedupe
@@ -63,6 +64,8 @@ class Service:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics([b.delivery.timeout for b in settings.bindings])
+        self.metrics.count_log_drops(lambda: logs.OUTPUT.dropped)
+        self._log_attached = False
         self._stop_requested = threading.Event()
         self._gc_threshold = gc.get_threshold()  # put back at shutdown
         endpoints = [_endpoints(index, b) for index, b in enumerate(settings.bindings)]
@@ -216,6 +219,7 @@ class Service:
         gc.set_threshold(10_000, 50, 50)
         _allow_open_files(self._sockets_needed)
         self.ops.start()
+        self._log_attached = logs.OUTPUT.attach(self.engine.loop, WRITABLE)
         self.engine.start()
         if self.claims is not None:
             self.claims.start()
@@ -247,6 +251,8 @@ class Service:
         if self.publisher is not None:
             self.publisher.close(timeout=CLOSE_BOUND)
         self.engine.stop(timeout=CLOSE_BOUND)
+        if self._log_attached:
+            logs.OUTPUT.detach()  # the loop has stopped: the last lines, bounded
         if self.claims is not None:
             self.claims.close(timeout=CLOSE_BOUND)  # the last settlements, bounded
         self.ops.close()

@@ -80,7 +80,10 @@ class DispatcherProcess:
         config: dict[str, Any] | None,
         directory: Path,
         env: dict[str, str] | None = None,
+        read: bool = True,
     ) -> None:
+        """``read=False``: nobody reads the process's stdout until ``start_reading``
+        (a pipe that fills, as a stuck log shipper's would)."""
         args = [sys.executable, "-m", "dispatcher", "run"]
         if config is not None:
             path = directory / "dispatcher.yaml"
@@ -99,6 +102,10 @@ class DispatcherProcess:
         self.lines: list[dict[str, Any]] = []
         self.malformed: list[str] = []
         self._cond = threading.Condition()
+        if read:
+            self.start_reading()
+
+    def start_reading(self) -> None:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
