@@ -118,3 +118,45 @@ def _one_object(line: str) -> bool:
         return isinstance(json.loads(line), dict)
     except ValueError:
         return False
+
+
+def test_a_full_pipe_holds_lines_then_drops_whole_ones_and_says_how_many(monkeypatch) -> None:
+    """Never blocks, never half a line: held up to the bound, then dropped and counted,
+    and once the pipe drains the held lines go out, then one line with the count."""
+    import os
+    import sys
+
+    from dispatcher import log_output
+    from dispatcher.loop import WRITABLE, Loop
+    from tests.support.loops import run_until
+
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(log_output, "PENDING_MAX", 10_000)
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))
+    output, loop = log_output.Output(), Loop()
+    try:
+        assert output.attach(loop, WRITABLE)
+        line = '{"event": "x", "pad": "%s"}\n' % ("p" * 70)  # 100 bytes
+        for _ in range(2_000):  # 200 KB: more than the pipe (64 KiB) and the bound
+            output.write(line)  # returns at once: the test would hang otherwise
+        assert output.dropped > 0
+        received = bytearray()
+
+        def drained() -> bool:
+            while True:
+                try:
+                    chunk = os.read(read_end, 65536)
+                except BlockingIOError:
+                    break
+                received.extend(chunk)
+            return b"log lines dropped" in received
+
+        os.set_blocking(read_end, False)
+        run_until(loop, drained, 10, "the held lines and the count")
+    finally:
+        output.detach()
+        loop.close()
+        os.close(read_end)
+    lines = received.decode().splitlines()
+    assert lines[:-1] == [line.rstrip("\n")] * (2_000 - output.dropped)
+    assert json.loads(lines[-1])["dropped"] == output.dropped
