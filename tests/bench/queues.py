@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -113,6 +114,24 @@ def preload(queue: str, ids: list[str]) -> None:
             f"{queue}: publishing {len(ids)} events confirmed {result.published}, "
             f"failed {result.failed}, resent {result.resent} ({dict(result.reasons)})"
         )
+
+
+def publisher_alone(events: int, in_flight: int) -> float:
+    """Confirms per second our own publisher (``ConfirmedPublisher``, the design the
+    service's dead letters use) gets with ``in_flight`` publishes outstanding:
+    persistent 1 KB events into a fresh durable queue, as W7's dead letters are."""
+    queue = f"bench-alone-{uuid.uuid4().hex[:8]}"
+    declare(queue)
+    try:
+        publisher = ConfirmedPublisher([pika.URLParameters(URL)], "", queue, window=in_flight)
+        started = time.monotonic()
+        result = publisher.publish(_records([f"alone-{n}" for n in range(events)]))
+        elapsed = time.monotonic() - started
+    finally:
+        delete(queue)
+    if result.published != events:
+        raise BenchError(f"publisher alone: {result.published} of {events} confirmed")
+    return events / elapsed
 
 
 def publish_steady(queue: str, ids: list[str], rate: float) -> None:

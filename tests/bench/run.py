@@ -97,13 +97,22 @@ def run_suite(workloads: list[Workload], sections: list[str]) -> None:
     work = OUT / "work"
     shutil.rmtree(work, ignore_errors=True)
     everything: report.Results = {}
+    alone: float | None = None
     for workload in workloads:
         results = run_workload(workload, work, say)
         everything[workload.key] = results
         section = report.table(workload, results)
+        if workload.key == "W7":
+            # W7's yardstick, measured in the same run: what the broker confirms to our
+            # own publisher alone with as many publishes in flight as W7 has deliveries.
+            alone = queues.publisher_alone(workload.events, workload.parallelism)
+            section += (
+                f"\nOur publisher alone (`ConfirmedPublisher`, {workload.parallelism} in "
+                f"flight, persistent 1 KB events, durable queue): {alone:,.0f} confirms/s.\n"
+            )
         sections.append(section)
         print(section, flush=True)
-    summary = report.targets(everything)
+    summary = report.targets(everything, alone)
     sections.append(summary)
     print(summary, flush=True)
 
