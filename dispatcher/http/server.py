@@ -1,7 +1,7 @@
 """The operations listener: ``/metrics``, ``/healthz`` and ``/readyz`` on ``http.listen``.
 
-Served by the standard library on threads of its own, never by pika's or the
-engine's. ``prometheus_client.start_http_server`` would answer every path with
+Served by the standard library on a thread of its own, never by the engine
+loop's (a stuck loop must still be reported). ``prometheus_client.start_http_server`` would answer every path with
 metrics, so the three paths are routed here and anything else is a 404.
 
 - ``/healthz``: 200 while the process and its broker I/O loop are alive. The
@@ -14,10 +14,12 @@ metrics, so the three paths are routed here and anything else is a 404.
 Hostile clients (a port scan, a load balancer that half-opens connections, a
 slow client sending a byte a second) must not cost a probe its answer, nor the
 log its JSON. So connections are not a thread each: one thread (``ops-http``)
-accepts every connection and reads what it sends, with a selector, and only a
-request whose head has fully arrived goes to one of ``WORKERS`` threads, which
-parse and answer it with ``http.server`` (from the bytes already read, so no
-worker ever waits on a slow client). A
+accepts every connection, reads what it sends and writes its answer, with a
+selector and non-blocking sockets. Once a request's head has fully arrived,
+``http.server`` parses and answers it from the bytes already read into
+memory (a millisecond or so; ``/metrics`` a few), and the answer goes out as
+the client takes it, within ``WRITE_TIMEOUT``: a slow client never holds the
+thread. A
 connection that has not sent its head within ``HEAD_DEADLINE``, or sends more
 than ``MAX_HEAD`` bytes without finishing it, is closed. The listener holds
 at most ``connection_limit()`` connections, a share of the process's file
@@ -33,7 +35,6 @@ import contextlib
 import errno
 import io
 import json
-import queue
 import resource
 import selectors
 import socket
@@ -57,14 +58,13 @@ STUCK_AFTER = 10.0  # seconds without a broker-loop tick before /healthz says 50
 # 1,024 a burst at debug level overflowed now and then (a SYN dropped, then
 # retransmitted a second later).
 BACKLOG: Final = 4096
-WORKERS: Final = 2  # threads that answer complete requests (each takes milliseconds)
 MAX_CONNECTIONS: Final = 2048  # open at once, if the descriptor limit allows
 # The listener's share of the descriptor limit: the rest is for libcurl's
 # connections to subscribers, the broker, Redis and the log.
 DESCRIPTOR_SHARE: Final = 4
 HEAD_DEADLINE: Final = 5.0  # seconds for a client to send its whole request head
 MAX_HEAD: Final = 8 * 1024  # bytes: the request line and headers of a GET
-WRITE_TIMEOUT: Final = 2.0  # seconds a worker waits for a client to take an answer
+WRITE_TIMEOUT: Final = 2.0  # seconds a client has to take its whole answer
 # The empty line that ends a head: http.server takes bare LF line ends too (a
 # hand-typed ``printf 'GET /healthz HTTP/1.0\n\n' | nc``), so both count.
 _ENDS_OF_HEAD: Final = (b"\n\r\n", b"\n\n")
@@ -129,18 +129,13 @@ class OpsServer:
         # Each connection still sending its head: when it opened, what it sent so
         # far (insertion order: oldest first).
         self._waiting: dict[socket.socket, tuple[float, bytearray]] = {}
-        self._ready: queue.SimpleQueue[tuple[socket.socket, bytes] | None] = queue.SimpleQueue()
+        # Each connection being answered: by when it must have taken the rest.
+        self._answering: dict[socket.socket, tuple[float, memoryview]] = {}
         self._limit = MAX_CONNECTIONS  # start() sets it from the limit then in force
         self._resume_at: float | None = None  # while accepting is paused
         self._stalled = False  # paused, and not one connection accepted since
         self._closed = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._accept_loop, name="ops-http", daemon=True),
-            *(
-                threading.Thread(target=self._work, name=f"ops-http-{n}", daemon=True)
-                for n in range(WORKERS)
-            ),
-        ]
+        self._thread = threading.Thread(target=self._accept_loop, name="ops-http", daemon=True)
         self._handler = self._handler_class()
 
     @property
@@ -151,8 +146,7 @@ class OpsServer:
         # Read here, not at construction: the service raises its soft limit on open
         # files just before it starts the listener.
         self._limit = connection_limit()
-        for thread in self._threads:
-            thread.start()
+        self._thread.start()
         log.info(
             "listening",
             port=self.port,
@@ -163,12 +157,9 @@ class OpsServer:
     def close(self) -> None:
         """Stop accepting and answering; bounded, whether or not ``start`` ran."""
         self._closed.set()
-        for _ in range(WORKERS):
-            self._ready.put(None)
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(2 * _TICK + WRITE_TIMEOUT)
-        for sock in list(self._waiting):
+        if self._thread.is_alive():
+            self._thread.join(2 * _TICK)
+        for sock in [*self._waiting, *self._answering]:
             self._drop(sock, None)
         with contextlib.suppress(OSError, KeyError, ValueError):  # paused, say
             self._selector.unregister(self._listener)
@@ -196,9 +187,11 @@ class OpsServer:
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
             timeout = _TICK if self._resume_at is None else _PAUSE
-            for key, _events in self._selector.select(timeout):
+            for key, events in self._selector.select(timeout):
                 if key.fileobj is self._listener:
                     self._accept()
+                elif events & selectors.EVENT_WRITE:
+                    self._write(key.fileobj)  # type: ignore[arg-type]
                 else:
                     self._check(key.fileobj)  # type: ignore[arg-type]
             self._expire()
@@ -233,17 +226,16 @@ class OpsServer:
         Past the limit the oldest client still sending its head is closed: every
         real client (a kubelet, Prometheus) sends its head at once, so the oldest
         is the likeliest slow one, and a probe, always the newest, gets in. When
-        all held connections have sent a whole request (the workers answer each
-        in a millisecond or so), accepting pauses instead: new connects wait in
-        the kernel's backlog, to be taken in order, not closed unanswered.
+        all held connections have sent a whole request and are taking their
+        answers, accepting pauses instead: new connects wait in the kernel's
+        backlog, to be taken in order, not closed unanswered.
         """
         self._stalled = False
         sock.setblocking(False)
         self._waiting[sock] = (self._clock(), bytearray())
         self._selector.register(sock, selectors.EVENT_READ)
-        # Complete requests queued for a worker hold a descriptor too; the ones a
-        # worker is answering (at most WORKERS) are left out of the count.
-        if len(self._waiting) + self._ready.qsize() <= self._limit:
+        # Connections taking their answers hold a descriptor too.
+        if len(self._waiting) + len(self._answering) <= self._limit:
             return
         oldest = next(iter(self._waiting))
         if oldest is not sock:
@@ -282,44 +274,57 @@ class OpsServer:
         if not data:
             self._drop(sock, "closed before a whole request")
         elif any(end in head for end in _ENDS_OF_HEAD):
-            self._selector.unregister(sock)
             del self._waiting[sock]
-            self._ready.put((sock, bytes(head)))
+            self._answer(sock, bytes(head))
         elif len(head) > MAX_HEAD:
             self._drop(sock, "request head too large")
 
+    def _answer(self, sock: socket.socket, head: bytes) -> None:
+        """Parse and answer ``head`` into memory, then send it as the client takes it."""
+        out = io.BytesIO()
+        try:
+            self._handler((sock, head, out), None, self)
+        except Exception as e:  # a request http.server cannot make sense of: one line
+            self._drop(sock, f"{type(e).__name__}: {e}")
+            return
+        self._answering[sock] = (self._clock() + WRITE_TIMEOUT, memoryview(out.getvalue()))
+        self._selector.modify(sock, selectors.EVENT_WRITE)
+        self._write(sock)
+
+    def _write(self, sock: socket.socket) -> None:
+        deadline, rest = self._answering[sock]
+        try:
+            sent = sock.send(rest)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(sock, type(e).__name__)
+            return
+        if sent < len(rest):
+            self._answering[sock] = (deadline, rest[sent:])
+        else:
+            self._drop(sock, None)  # answered: HTTP/1.0, one request per connection
+
     def _expire(self) -> None:
-        deadline = self._clock() - HEAD_DEADLINE
+        now = self._clock()
+        for sock, (deadline, _rest) in list(self._answering.items()):
+            if deadline <= now:
+                self._drop(sock, "answer not taken within the deadline")
+        deadline = now - HEAD_DEADLINE
         for sock, (opened, _head) in list(self._waiting.items()):
             if opened > deadline:
                 return  # the rest are younger
             self._drop(sock, "no request within the deadline")
 
     def _drop(self, sock: socket.socket, why: str | None) -> None:
-        if self._waiting.pop(sock, None) is not None:
+        held = self._waiting.pop(sock, None) or self._answering.pop(sock, None)
+        if held is not None:
             with contextlib.suppress(OSError, KeyError, ValueError):
                 self._selector.unregister(sock)
         with contextlib.suppress(OSError):
             sock.close()
         if why is not None:
             log.debug("ops client dropped", reason=why)
-
-    # ----------------------------------------------------------------- the workers
-
-    def _work(self) -> None:
-        while True:
-            request = self._ready.get()
-            if request is None:
-                return
-            sock = request[0]
-            try:
-                sock.settimeout(WRITE_TIMEOUT)
-                self._handler(request, None, self)
-            except Exception as e:  # a client gone mid-answer, say: one line, no traceback
-                log.debug("ops client dropped", reason=f"{type(e).__name__}: {e}")
-            finally:
-                with contextlib.suppress(OSError):
-                    sock.close()
 
     def _handler_class(self) -> Any:
         owner = self
@@ -331,9 +336,11 @@ class OpsServer:
             sys_version = ""
 
             def setup(self) -> None:
-                self.connection, head = self.request
+                self.connection, head, self.wfile = self.request
                 self.rfile = io.BytesIO(head)
-                self.wfile = self.connection.makefile("wb")
+
+            def finish(self) -> None:
+                pass  # the answer is in memory: ``_write`` sends it
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the delivery log

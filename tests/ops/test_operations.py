@@ -475,7 +475,7 @@ def test_shutdown_signals_are_taken_by_one_thread_only(queue, make_subscriber, p
         status = (task / "status").read_text()
         mask = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
         blocked[int(task.name)] = int(mask.split()[1], 16) & wanted
-    assert len(blocked) > 4  # main, signals, supervisor, engine, ops server
+    assert len(blocked) >= 4  # main, signals, the engine loop, the ops listener
     taking = [tid for tid, mask in blocked.items() if mask != wanted]
     assert len(taking) == 1 and taking[0] != pid, blocked
     assert blocked[taking[0]] == 0
