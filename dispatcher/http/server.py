@@ -1,8 +1,9 @@
 """The operations listener: ``/metrics``, ``/healthz`` and ``/readyz`` on ``http.listen``.
 
 Served by the standard library on a thread of its own, never by the engine
-loop's (a stuck loop must still be reported). ``prometheus_client.start_http_server`` would answer every path with
-metrics, so the three paths are routed here and anything else is a 404.
+loop's (a stuck loop must still be reported). ``prometheus_client``'s
+``start_http_server`` would answer every path with metrics, so the three
+paths are routed here and anything else is a 404.
 
 - ``/healthz``: 200 while the process and its broker I/O loop are alive. The
   engine loop (which runs the broker connections) ticks every second,
@@ -317,10 +318,10 @@ class OpsServer:
             self._drop(sock, "no request within the deadline")
 
     def _drop(self, sock: socket.socket, why: str | None) -> None:
-        held = self._waiting.pop(sock, None) or self._answering.pop(sock, None)
-        if held is not None:
-            with contextlib.suppress(OSError, KeyError, ValueError):
-                self._selector.unregister(sock)
+        self._waiting.pop(sock, None)
+        self._answering.pop(sock, None)
+        with contextlib.suppress(OSError, KeyError, ValueError):  # not registered
+            self._selector.unregister(sock)
         with contextlib.suppress(OSError):
             sock.close()
         if why is not None:
