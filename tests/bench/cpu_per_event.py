@@ -1,0 +1,97 @@
+"""One `dispatcher run` on a W1-like load: msg/s and the process's CPU per event.
+
+A quick before/after tool for changes to the delivery path (issue 22 used it):
+N events pre-loaded, nginx answering 202 at once, one binding at the given
+parallelism; the CPU is the process's own (``/proc/<pid>/stat``) when its
+last delivery line is out, so the figure has no broker or subscriber in it.
+``--checkout`` runs another tree's code (a worktree of an older commit) against
+the same broker and nginx, so two commits compare in one sitting:
+
+    python tests/bench/cpu_per_event.py --checkout /work/base
+    python tests/bench/cpu_per_event.py
+
+To see where the time goes, run the same command under py-spy
+(``py-spy record -f raw -o loop.raw -- python -m dispatcher run ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.bench import queues  # noqa: E402
+from tests.bench.harness import PYTHON  # noqa: E402
+from tests.bench.queues import URL  # noqa: E402
+from tests.bench.sinks import start_nginx  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=40_000)
+    parser.add_argument("--parallelism", type=int, default=50)
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="whose dispatcher to run")
+    args = parser.parse_args()
+    work = ROOT / ".bench" / "cpu-per-event"
+    work.mkdir(parents=True, exist_ok=True)
+    sink = start_nginx(work)
+    queue = f"bench-cpu-{os.getpid()}"
+    out = work / "dispatcher.log"
+    try:
+        queues.declare(queue)
+        queues.preload(queue, [f"e{n}" for n in range(args.events)])
+        config = {
+            "broker": {"url": URL},
+            "http": {"listen": "127.0.0.1:0"},
+            "bindings": [
+                {
+                    "name": "bench",
+                    "queue": queue,
+                    "subscriber": sink.url,
+                    "parallelism": args.parallelism,
+                    "delivery": {"retry": 5, "timeout": "10s"},
+                }
+            ],
+        }
+        (work / "dispatcher.yaml").write_text(yaml.safe_dump(config))
+        started = time.monotonic()
+        with out.open("w") as log:
+            proc = subprocess.Popen(
+                [PYTHON, "-m", "dispatcher", "run", "--config", str(work / "dispatcher.yaml")],
+                cwd=args.checkout,
+                env={**os.environ, "PYTHONPATH": str(args.checkout)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            while out.read_text().count('"outcome": "delivered"') < args.events:
+                if proc.poll() is not None:
+                    raise SystemExit(f"dispatcher exited early:\n{out.read_text()[-2000:]}")
+                time.sleep(0.2)
+            elapsed = time.monotonic() - started
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        finally:
+            proc.send_signal(2)
+            proc.wait(30)
+    finally:
+        queues.delete(queue)
+        sink.stop()
+    print(
+        f"{args.checkout}: {args.events} events, parallelism {args.parallelism}: "
+        f"{args.events / elapsed:,.0f} msg/s (start included), "
+        f"{1000 * cpu / args.events:.3f} ms CPU per event"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
