@@ -8,9 +8,8 @@ connection, libcurl's sockets and every delivery share one loop and one
 thread. A verdict becomes a ``basic.ack`` in the iteration that reached it,
 with no hand-over between threads.
 
-``start`` and ``stop`` run and end the loop in the calling thread: what
-``replay`` does with a loop of its own per partition. The service's loop is
-the engine's; nobody calls them there.
+``start``, ``stop`` and ``close`` complete pika's interface; pika itself
+never calls them, and neither do we (the loop's owner runs and closes it).
 
 ``LoopConnection`` is the ``SelectConnection`` on such a loop, with one change
 of pika's adapter method ``_adapter_emit_data``: pika writes every frame to
@@ -29,6 +28,7 @@ end the connection's thread pass).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +111,28 @@ class PikaLoop:
 
 def _call(callback: Callable[[], Any]) -> None:
     callback()
+
+
+ABORT_BOUND = 0.5  # seconds an abort gets to release a socket the close did not
+
+
+def close_within(
+    loop: Loop,
+    close: Callable[[], None],
+    abort: Callable[[], None],
+    closed: threading.Event,
+    timeout: float,
+) -> None:
+    """From a thread other than the loop's: ``close`` on the loop and wait for
+    ``closed``; a broker that does not answer the closing handshake in time (a
+    black-holed network) gets ``abort``, so the socket is released on every path.
+    The whole wait is bounded by ``timeout``."""
+    if not loop.call_soon_threadsafe(lambda _arg: close(), None):
+        return  # the loop has stopped: nothing runs on it any more
+    if closed.wait(max(0.0, timeout - ABORT_BOUND)):
+        return
+    if loop.call_soon_threadsafe(lambda _arg: abort(), None):
+        closed.wait(ABORT_BOUND)
 
 
 class LoopConnection(SelectConnection):  # type: ignore[misc]

@@ -51,6 +51,7 @@ import pika
 from dispatcher import events
 from dispatcher.broker.confirm_link import ConfirmLink
 from dispatcher.broker.params import Node, Rotation, nodes, reconnect_backoff
+from dispatcher.broker.pika_loop import close_within
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
@@ -187,9 +188,9 @@ class Publisher:
         self._loop.call_soon_threadsafe(lambda _arg: self._connect(), None)
 
     def close(self, timeout: float = _CLOSE_BOUND) -> None:
-        """From any thread but the loop's: close the connection, wait (bounded)."""
-        if self._loop.call_soon_threadsafe(lambda _arg: self._stop(), None):
-            self._closed.wait(timeout)
+        """From any thread but the loop's: close the connection, wait (bounded) until
+        it is closed, or aborted."""
+        close_within(self._loop, self._stop, self._link.abort, self._closed, timeout)
 
     def _stop(self) -> None:
         self._link.stopping = True

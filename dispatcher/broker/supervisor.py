@@ -45,7 +45,7 @@ from dispatcher.broker.params import (
     nodes,
     reconnect_backoff,
 )
-from dispatcher.broker.pika_loop import LoopConnection
+from dispatcher.broker.pika_loop import LoopConnection, close_within
 from dispatcher.config import BindingSettings, BrokerSettings
 from dispatcher.handler import Action, Received
 from dispatcher.logs import get_logger
@@ -154,9 +154,8 @@ class Supervisor:
         return self._idle.wait(timeout)
 
     def finish(self, timeout: float) -> None:
-        """Close the connection; wait (bounded) until it is closed."""
-        if self.run_on_loop(self._close):
-            self._closed.wait(timeout)
+        """Close the connection; wait (bounded) until it is closed, or aborted."""
+        close_within(self._loop, self._close, self._abort, self._closed, timeout)
 
     # ----------------------------------------------------------------- the connection
 
@@ -281,6 +280,10 @@ class Supervisor:
             connection.close()
         except pika.exceptions.ConnectionWrongStateError:
             connection.abort()  # still opening: drop it (closing already: wait for it)
+
+    def _abort(self) -> None:
+        if self._connection is not None:
+            self._connection.abort()
 
 
 def _close_reason(error: Exception, current: str) -> str:

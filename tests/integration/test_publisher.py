@@ -7,7 +7,9 @@ it through the loop's inbox, as in the service.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,3 +135,36 @@ def test_a_connection_that_never_confirms_is_replaced_not_kept_forever():
         close_on_loop(loop, publisher.close)
         proxy.close()
         broker.delete([queue], [exchange])
+
+
+def test_a_close_the_broker_never_answers_still_releases_the_socket_in_time():
+    """Invariant 6 and no leak: closing over a black-holed network (no answer to
+    Connection.Close, no FIN) returns within its bound, and the socket is aborted
+    rather than left established, as it was when pika's own loop was released."""
+    proxy = FaultProxy(5672)
+    loop = Loop()
+    publisher = Publisher(BrokerSettings(url=proxy.url), loop)
+    try:
+        loop.start()
+        publisher.start()
+        broker.wait_until(lambda: publisher.ready, message="the publisher's channel")
+        assert _established_to(proxy.port) == 1
+        proxy.blackhole()
+        started = time.monotonic()
+        publisher.close(timeout=2.0)
+        assert time.monotonic() - started < 2.5
+        broker.wait_until(lambda: _established_to(proxy.port) == 0, 5, "the socket released")
+    finally:
+        loop.stop(3.0)
+        loop.close()
+        proxy.close()
+
+
+def _established_to(port: int) -> int:
+    """This process's TCP connections to ``port`` still established (``/proc``)."""
+    count = 0
+    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].split(":")[1], 16) == port and fields[3] == "01":
+            count += 1
+    return count
