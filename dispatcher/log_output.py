@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import select
 import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -42,7 +42,10 @@ _DETACH_BOUND: Final = 1.0  # seconds the last pending lines get at shutdown
 
 
 class Output:
-    def __init__(self) -> None:
+    def __init__(self, say_dropped: Callable[[int], None]) -> None:
+        """``say_dropped(n)``: log that ``n`` lines were dropped (called on the loop,
+        outside the lock, once the pipe has drained)."""
+        self._say_dropped = say_dropped
         self._lock = threading.Lock()
         self._fd: int | None = None  # set while attached to a loop
         self._restore_flags: int | None = None  # a shared description's flags, to put back
@@ -85,8 +88,10 @@ class Output:
                 return
             fd, self._fd = self._fd, None
             deadline = time.monotonic() + _DETACH_BOUND
+            poller = select.poll()  # not select(): the descriptor may be past 1,023
+            poller.register(fd, select.POLLOUT)
             while self._pending and time.monotonic() < deadline:
-                select.select([], [fd], [], max(0.0, deadline - time.monotonic()))
+                poller.poll(max(0, int((deadline - time.monotonic()) * 1000)))
                 with contextlib.suppress(BlockingIOError):
                     del self._pending[: os.write(fd, self._pending)]
             self._pending.clear()
@@ -143,6 +148,7 @@ class Output:
             self._loop.watch(self._fd, self._writable, self._on_writable)
 
     def _on_writable(self, fd: int, _mask: int) -> None:
+        said = 0
         with self._lock:
             if fd != self._fd or self._loop is None:
                 return
@@ -157,19 +163,9 @@ class Output:
                 return
             self._armed = False
             self._loop.unwatch(fd)
-            if self._dropped_since:
-                said, self._dropped_since = self._dropped_since, 0
-                self._send(_dropped_line(said))
-
-
-def _dropped_line(count: int) -> bytes:
-    line = {
-        "event": "log lines dropped: stdout was not read",
-        "dropped": count,
-        "level": "warning",
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    return (json.dumps(line) + "\n").encode()
+            said, self._dropped_since = self._dropped_since, 0
+        if said:
+            self._say_dropped(said)  # a log line: it takes the lock itself
 
 
 def _nonblocking_stdout() -> tuple[int, int | None] | None:

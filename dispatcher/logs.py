@@ -23,10 +23,16 @@ from structlog.typing import FilteringBoundLogger
 
 from dispatcher.log_output import Output
 
+
 # Every line of the process goes out through this, text and newline in one write
 # under one lock (a line written in two could take another thread's lines into its
 # middle), without blocking the engine loop once a service attaches it.
-OUTPUT = Output()
+def say_dropped(dropped: int) -> None:
+    """The one line that says how many lines a stdout nobody read cost."""
+    get_logger().warning("log lines dropped: stdout was not read", dropped=dropped)
+
+
+OUTPUT = Output(say_dropped)
 
 
 def write_lines(text: str) -> None:

@@ -133,7 +133,7 @@ def test_a_full_pipe_holds_lines_then_drops_whole_ones_and_says_how_many(monkeyp
     read_end, write_end = os.pipe()
     monkeypatch.setattr(log_output, "PENDING_MAX", 10_000)
     monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))
-    output, loop = log_output.Output(), Loop()
+    output, loop = log_output.Output(logs.say_dropped), Loop()
     try:
         assert output.attach(loop, WRITABLE)
         line = '{"event": "x", "pad": "%s"}\n' % ("p" * 70)  # 100 bytes
