@@ -80,8 +80,6 @@ class Supervisor:
         self._stopping = False
         self._idle = threading.Event()  # stopping, and no delivery in flight
         self._closed = threading.Event()  # stopping, and no connection left
-        self._close_reason = "connection_lost"
-        self._was_open = False
         self._used_at: float | None = None  # when this connection got a channel ready
         self.last_tick = time.monotonic()
         self._shared = Shared(
@@ -172,8 +170,6 @@ class Supervisor:
             self._closed.set()
             return
         node = self._node = self._rotation.next()
-        self._close_reason = "connect_failed"
-        self._was_open = False
         self._used_at = None
         try:
             connection = LoopConnection(
@@ -186,13 +182,11 @@ class Supervisor:
         except Exception:
             # Never let consumption end: log, back off, rebuild.
             log.exception("broker supervisor error", node=node.label)
-            self._loop.call_soon(self._ended, "error")
+            self._loop.call_soon(self._ended, "error", False)
             return
         self._connection = connection
 
     def _on_open(self, connection: Any) -> None:
-        self._was_open = True
-        self._close_reason = "connection_lost"
         self._metrics.broker_connected.set(1)
         self._metrics.set_broker_node(self._node.label)
         log.info("broker connected", node=self._node.label, connection=self._broker.connection_name)
@@ -206,19 +200,19 @@ class Supervisor:
 
     def _on_open_error(self, _connection: Any, error: Exception) -> None:
         log.warning("broker connect failed", node=self._node.label, error=describe_error(error))
-        self._ended("connect_failed")
+        self._ended("connect_failed", opened=False)
 
     def _on_close(self, _connection: Any, reason: Exception) -> None:
-        label = "shutdown" if self._stopping else _close_reason(reason, self._close_reason)
+        label = "shutdown" if self._stopping else _close_reason(reason)
         log.info(
             "broker connection closed",
             node=self._node.label,
             reason=label,
             detail=describe_error(reason),
         )
-        self._ended(label)
+        self._ended(label, opened=True)  # pika calls this only for an opened connection
 
-    def _ended(self, reason: str) -> None:
+    def _ended(self, reason: str, opened: bool) -> None:
         self._connection = None
         for consumer in self._bindings.values():
             consumer.forget_channel()
@@ -232,7 +226,7 @@ class Supervisor:
         self._metrics.reconnects.labels(reason).inc()
         # 0 while other nodes of the round are left to try.
         served = None if self._used_at is None else time.monotonic() - self._used_at
-        delay = self._rotation.ended(opened=self._was_open, served=served)
+        delay = self._rotation.ended(opened=opened, served=served)
         log.warning(
             "broker disconnected", node=self._node.label, reason=reason, retry_in_s=round(delay, 3)
         )
@@ -286,14 +280,12 @@ class Supervisor:
             self._connection.abort()
 
 
-def _close_reason(error: Exception, current: str) -> str:
-    """The ``dispatcher_reconnects_total`` reason for a connection close."""
+def _close_reason(error: Exception) -> str:
+    """The ``dispatcher_reconnects_total`` reason for an opened connection's close."""
     if isinstance(error, pika.exceptions.ConnectionBlockedTimeout):
         return "blocked_timeout"
     if isinstance(error, pika.exceptions.AMQPHeartbeatTimeout):
         return "heartbeat_timeout"
     if isinstance(error, pika.exceptions.ConnectionClosedByBroker):
         return "closed_by_broker"
-    if isinstance(error, pika.exceptions.StreamLostError):
-        return "connection_lost"
-    return current
+    return "connection_lost"
