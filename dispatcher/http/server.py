@@ -43,13 +43,15 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from dispatcher.logs import get_logger
 
 log = get_logger()
+
+T = TypeVar("T")
 
 STUCK_AFTER = 10.0  # seconds without a broker-loop tick before /healthz says 503
 
@@ -263,12 +265,8 @@ class OpsServer:
         """Bytes arrived: keep them; hand the request over once its head is complete."""
         if sock not in self._waiting:
             return  # closed earlier in this round (to make room): its line is written
-        try:
-            data = sock.recv(MAX_HEAD)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self._drop(sock, type(e).__name__)
+        data = self._io(sock, lambda: sock.recv(MAX_HEAD))
+        if data is None:
             return
         head = self._waiting[sock][1]
         head += data
@@ -294,17 +292,24 @@ class OpsServer:
 
     def _write(self, sock: socket.socket) -> None:
         deadline, rest = self._answering[sock]
-        try:
-            sent = sock.send(rest)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self._drop(sock, type(e).__name__)
+        sent = self._io(sock, lambda: sock.send(rest))
+        if sent is None:
             return
         if sent < len(rest):
             self._answering[sock] = (deadline, rest[sent:])
         else:
             self._drop(sock, None)  # answered: HTTP/1.0, one request per connection
+
+    def _io(self, sock: socket.socket, call: Callable[[], T]) -> T | None:
+        """``call()`` on the non-blocking ``sock``: None when it would block (try on
+        the next readiness) or failed (the client is dropped)."""
+        try:
+            return call()
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            self._drop(sock, type(e).__name__)
+            return None
 
     def _expire(self) -> None:
         now = self._clock()
