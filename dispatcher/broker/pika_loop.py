@@ -8,8 +8,9 @@ connection, libcurl's sockets and every delivery share one loop and one
 thread. A verdict becomes a ``basic.ack`` in the iteration that reached it,
 with no hand-over between threads.
 
-``start``, ``stop`` and ``close`` complete pika's interface; pika itself
-never calls them, and neither do we (the loop's owner runs and closes it).
+The interface's ``start``, ``stop`` and ``close`` are left out: pika never
+calls them (only a user of its own loop does), and the loop's owner runs and
+closes ours.
 
 ``LoopConnection`` is the ``SelectConnection`` on such a loop, with one change
 of pika's adapter method ``_adapter_emit_data``: pika writes every frame to
@@ -98,15 +99,6 @@ class PikaLoop:
             self.loop.call_soon(callback)
         else:
             self.loop.call_soon_threadsafe(_call, callback)
-
-    def start(self) -> None:
-        self.loop.run()
-
-    def stop(self) -> None:
-        self.loop.call_soon(self.loop.request_stop)
-
-    def close(self) -> None:
-        """The loop is its owner's to close."""
 
 
 def _call(callback: Callable[[], Any]) -> None:
