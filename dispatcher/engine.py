@@ -5,9 +5,9 @@ The loop is the process's one working thread: pika's connections
 one ``Handler.handle`` coroutine per message in flight all run on it. The
 supervisor calls ``deliver`` as pika hands a message over; the delivery's
 verdict goes back through ``settle`` (the supervisor's), which sends the ack
-at once. How many deliveries are in flight is the consumers' prefetch, not a
-number of threads: the thread count of the service does not depend on
-``parallelism``.
+at once. How many deliveries are in flight is the consumers' count
+(``parallelism``), not a number of threads: the thread count of the service
+does not depend on ``parallelism``.
 
 Shutdown (``service``): the supervisor stops handing messages over;
 ``give_up`` ends every retry and claim wait at once, so the remaining

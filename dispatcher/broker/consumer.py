@@ -13,11 +13,17 @@ one (it would settle a different message). It is dropped and counted as a
 stale ack (``dispatcher_stale_acks_total``); the broker redelivers the old
 message itself.
 
-In flight stays within ``parallelism`` across channel flaps: a delivery whose
+Two bounds, both kept across channel flaps. At most ``workers``
+(``parallelism``) deliveries run at once; at most ``held`` (``prefetch``,
+by default the same) messages are held unacked, the rest of them waiting here
+in arrival order for a slot, so a slot freed by a verdict starts the next
+message at once instead of after a broker round trip. A delivery whose
 channel closed keeps running (its HTTP request is never aborted) and keeps
-its slot until its verdict comes back, so a new channel's consumers may
-prefetch only what is free (``fill``). A broker that closes the channel ten
-times in a row gets one prefetch's worth of messages held here, not ten.
+its slot until its verdict comes back; the messages of that channel still
+waiting are dropped (the broker redelivers them). So a new channel's
+consumers may prefetch only what is free (``fill``): a broker that closes the
+channel ten times in a row gets one prefetch's worth of messages held here,
+not ten.
 
 Everything here runs on the engine loop, except the plain fields read by
 ``Supervisor``'s inspection methods.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -72,8 +79,11 @@ class Consumer:
         self.consumer_tags: list[str] = []
         self.ready = False  # the channel is set up (queue declared): it may consume
         self._prefetch = 0  # what this channel's consumers were given, in all
-        self._in_flight = 0  # handed over, no verdict back yet: every generation
+        self._held = 0  # received, no verdict back yet (running or waiting): every generation
         self._current = 0  # of those, the ones that arrived on this channel
+        self._running = 0  # of those held, the ones handed over to a delivery
+        self._waiting: deque[Received] = deque()  # held, not handed over yet (this channel's)
+        self._starting = False  # ``_start_waiting`` is on the stack
         self._failures = 0  # consecutive channel failures, for backoff
         self._close_reason: str | None = None  # set when we close the channel on purpose
 
@@ -83,9 +93,14 @@ class Consumer:
 
     @property
     def in_flight(self) -> int:
-        """Deliveries of this binding not settled yet, whatever their channel: the
-        one count of them (``dispatcher_inflight``, the shutdown's idle)."""
-        return self._in_flight
+        """Deliveries of this binding running, whatever their channel: the one count
+        of them (``dispatcher_inflight``, the shutdown's idle)."""
+        return self._running
+
+    @property
+    def waiting(self) -> int:
+        """Messages held for a free slot (``prefetch`` above ``parallelism``)."""
+        return len(self._waiting)
 
     # ----------------------------------------------------------------- the channel
 
@@ -126,8 +141,8 @@ class Consumer:
             return
         self.ready = True
         self._shared.on_ready()
-        orphans = self._in_flight
-        if orphans >= self.settings.workers:
+        orphans = self._held
+        if orphans >= self.settings.held:
             log.warning(
                 "consumer waits for room: deliveries of a closed channel still run",
                 binding=self.name,
@@ -168,7 +183,10 @@ class Consumer:
         was_consuming = bool(self.consumer_tags)
         self.channel, self.consumer_tags, self._close_reason = None, [], None
         # Its deliveries still running are the closed channel's now: they keep
-        # their slots (``_in_flight``) but no longer count as this channel's.
+        # their slots (``_held``, ``_running``) but no longer count as this
+        # channel's. Those waiting are let go: the broker redelivers them.
+        self._held -= len(self._waiting)
+        self._waiting.clear()
         self.ready, self._prefetch, self._current = False, 0, 0
         self._shared.metrics.consumer_up.labels(self.name).set(0)
         if was_consuming:
@@ -181,9 +199,9 @@ class Consumer:
 
         A consumer's prefetch is fixed when it starts (per-consumer qos), so room
         that frees up later is taken by another consumer on the same channel. The
-        first takes ``parallelism`` minus the closed channels' deliveries still
+        first takes ``prefetch`` minus the closed channels' deliveries still
         running (at least one must be free); more are added as those finish, a
-        quarter of ``parallelism`` at a time or the rest once they are all done:
+        quarter of ``prefetch`` at a time or the rest once they are all done:
         a handful of consumers per channel at most, never a slot left idle long.
         """
         channel = self.channel
@@ -191,9 +209,9 @@ class Consumer:
             return
         if self._shared.stopping():
             return
-        orphans = self._in_flight - self._current
-        room = self.settings.workers - orphans - self._prefetch
-        step = max(1, self.settings.workers // 4)
+        orphans = self._held - self._current
+        room = self.settings.held - orphans - self._prefetch
+        step = max(1, self.settings.held // 4)
         if room < 1 or (self._prefetch and orphans and room < step):
             return
         self._prefetch += room
@@ -229,7 +247,10 @@ class Consumer:
         )
 
     def cancel(self) -> None:
-        """Stop consuming (shutdown): no new message arrives on this channel."""
+        """Stop consuming (shutdown): no new message arrives on this channel, and
+        none waiting starts (they go back to the broker with the channel)."""
+        self._held -= len(self._waiting)
+        self._waiting.clear()
         if self.channel is not None and self.channel.is_open and self.consumer_tags:
             for tag in self.consumer_tags:
                 self.channel.basic_cancel(tag)
@@ -244,9 +265,10 @@ class Consumer:
             return  # after the cancel: left unacked, the broker has it back at the close
         # A message of a channel that is gone (pika may still hand one over while
         # closing it) is born closed: nothing is sent for it.
-        state = self.state if generation == self.generation else _CLOSED
-        self._in_flight += 1
-        self._current += 1
+        current = generation == self.generation
+        state = self.state if current else _CLOSED
+        self._held += 1
+        self._current += current
         tag = method.delivery_tag
         unreadable = amqp_properties.unreadable(props)
         if unreadable is not None:
@@ -265,21 +287,44 @@ class Consumer:
             message = AmqpMessage(body, {})
             unreadable = Unreadable(f"{type(e).__name__}: {e}", b"")
         received = Received(generation, tag, bool(method.redelivered), message, unreadable, state)
+        if current and (self._waiting or self._running >= self.settings.workers):
+            self._waiting.append(received)
+            return
+        self._running += 1
         self._shared.receive(self.name, received)
+
+    def _start_waiting(self) -> None:
+        """Hand waiting messages over while slots are free, oldest first. A delivery
+        may end within ``receive`` (a filtered event) and settle back into here:
+        the outer call goes on, the stack does not grow per message."""
+        if self._starting:
+            return
+        self._starting = True
+        try:
+            while self._waiting and self._running < self.settings.workers:
+                self._running += 1
+                self._shared.receive(self.name, self._waiting.popleft())
+        finally:
+            self._starting = False
 
     # ----------------------------------------------------------------- verdicts
 
     def apply(self, received: Received, action: Action) -> None:
         """Send ``action`` for ``received`` on the channel it arrived on, if that is
-        this one; call ``fill`` next (the slot is free either way)."""
-        self._in_flight -= 1
+        this one; start a waiting message in the freed slot; call ``fill`` next."""
+        self._held -= 1
+        self._running -= 1
         channel = self.channel
         current = channel is not None and received.generation == self.generation
         if current:
             self._current -= 1
+        self._send(received, action, channel if current else None)
+        self._start_waiting()
+
+    def _send(self, received: Received, action: Action, channel: Any) -> None:
         if action is Action.LEAVE:
             return  # nothing to send: the broker redelivers it
-        if not current or not channel.is_open:
+        if channel is None or not channel.is_open:
             self._count_stale()
             return
         try:

@@ -32,6 +32,7 @@ _BINDING_KEY_ORDER: Final = (
     "content_mode",
     "tls",
     "parallelism",
+    "prefetch",
     "ordered",
     "delivery",
     "auth",

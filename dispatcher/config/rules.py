@@ -145,6 +145,24 @@ def _check_delivery(delivery: Any, s: Section) -> None:
 
 
 def _check_binding(binding: Any, s: Section) -> None:
+    _check_prefetch(binding, s)
+    _check_authorization(binding, s)
+
+
+def _check_prefetch(binding: Any, s: Section) -> None:
+    if binding.prefetch is None:
+        return
+    if binding.ordered and binding.prefetch != 1:
+        # A message waiting behind one being retried would be settled before it
+        # if that one went back to the queue.
+        raise ConfigError(s.sub("prefetch"), "must be 1 or unset when ordered is true")
+    if not binding.ordered and binding.prefetch < binding.parallelism:
+        raise ConfigError(
+            s.sub("prefetch"), f"must be >= parallelism ({binding.parallelism}), or unset"
+        )
+
+
+def _check_authorization(binding: Any, s: Section) -> None:
     """One source of ``Authorization`` per binding: a URL's ``user:password@`` (Basic),
     ``auth`` (Bearer) or ``headers``; two would replace each other without a word."""
     addresses = {
@@ -242,6 +260,7 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "tls": _TLS,
         # The prefetch count is an AMQP short (and 0 would mean "unlimited").
         "parallelism": integer_rule(1, 65535),
+        "prefetch": integer_rule(1, 65535),
         "ordered": Rule(values.boolean, {"type": "boolean"}),
         "delivery": _section_rule(DeliverySettings),
         "auth": _section_rule(AuthSettings),

@@ -211,6 +211,8 @@ class BindingSettings:
     content_mode: ContentMode = "binary"
     tls: TlsSettings = field(default_factory=TlsSettings)
     parallelism: int = 10
+    # Messages held unacked (running and waiting for a slot); None: parallelism.
+    prefetch: int | None = None
     # ``ordered: true`` forces prefetch 1 whatever ``parallelism`` says: with
     # more than one message in flight a retry would overtake its successors.
     ordered: bool = False
@@ -232,9 +234,16 @@ class BindingSettings:
 
     @property
     def workers(self) -> int:
-        """Deliveries in flight at once: the prefetch and the worker-pool size, which
-        must be equal (memory is bounded because the broker never sends more)."""
+        """Deliveries in flight at once (requests to the subscriber and what follows
+        them until the verdict)."""
         return 1 if self.ordered else self.parallelism
+
+    @property
+    def held(self) -> int:
+        """Messages this binding holds unacked: the ``workers`` running and those
+        waiting for a slot. The consumers' prefetch, so the broker never sends more
+        and memory stays bounded."""
+        return 1 if self.ordered else (self.prefetch or self.parallelism)
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,7 @@ def full_yaml(tls: dict[str, str]) -> str:
         content_mode: structured
         tls: {{ca_file: {tls["ca.pem"]}, cert_file: null, key_file: null}}
         parallelism: 20
+        prefetch: 1
         ordered: true
         delivery:
           retry: 3
@@ -172,6 +173,7 @@ def full_expected(tls: dict[str, str]) -> Settings:
                 content_mode="structured",
                 tls=TlsSettings(ca_file=tls["ca.pem"]),
                 parallelism=20,
+                prefetch=1,
                 ordered=True,
                 delivery=DeliverySettings(
                     retry=3,
@@ -248,6 +250,7 @@ def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str,
         "content_mode",
         "tls",
         "parallelism",
+        "prefetch",
         "ordered",
         "delivery",
         "auth",
@@ -857,6 +860,37 @@ def test_parallelism_bounds(value: int, ok: bool) -> None:
 def test_ordered_is_allowed_with_any_parallelism() -> None:
     [b] = build(bindings=[binding(ordered=True, parallelism=50)]).bindings
     assert (b.ordered, b.parallelism) == (True, 50)
+
+
+@pytest.mark.parametrize(
+    ("keys", "workers", "held"),
+    [
+        ({"parallelism": 50}, 50, 50),
+        ({"parallelism": 50, "prefetch": 50}, 50, 50),
+        ({"parallelism": 50, "prefetch": 200}, 50, 200),
+        ({"parallelism": 50, "ordered": True}, 1, 1),
+        ({"parallelism": 50, "ordered": True, "prefetch": 1}, 1, 1),
+    ],
+)
+def test_prefetch_is_what_is_held_and_parallelism_what_runs(
+    keys: dict[str, object], workers: int, held: int
+) -> None:
+    [b] = build(bindings=[binding(**keys)]).bindings
+    assert (b.workers, b.held) == (workers, held)
+
+
+@pytest.mark.parametrize(
+    ("keys", "error"),
+    [
+        ({"parallelism": 10, "prefetch": 9}, "must be >= parallelism (10), or unset"),
+        ({"prefetch": 0}, "must be between 1 and 65535"),
+        ({"prefetch": 65536}, "must be between 1 and 65535"),
+        ({"prefetch": "20"}, "must be an integer, got '20'"),
+        ({"ordered": True, "prefetch": 2}, "must be 1 or unset when ordered is true"),
+    ],
+)
+def test_prefetch_refused(keys: dict[str, object], error: str) -> None:
+    assert binding_error(**keys) == f"bindings[0].prefetch: {error}"
 
 
 @pytest.mark.parametrize(
