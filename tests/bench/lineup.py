@@ -99,6 +99,11 @@ def _dispatcher_cesql(launch: Launch, index: int) -> list[str]:
     return _dispatcher(replace(launch, binding={**launch.binding, "filters": filters}), index)
 
 
+def _dispatcher_prefetch(launch: Launch, index: int) -> list[str]:
+    prefetch = {"prefetch": 2 * launch.parallelism}
+    return _dispatcher(replace(launch, binding={**launch.binding, **prefetch}), index)
+
+
 def _pika_httpx(launch: Launch, _index: int) -> list[str]:
     script = str(SCRIPTS / "pika_httpx.py")
     return [
@@ -159,6 +164,9 @@ DISPATCHER_CESQL: Final = Contender(
 DISPATCHER_STORE: Final = Contender(
     "dispatcher-store", "dispatcher run, dedupe store in Redis", _dispatcher_store
 )
+DISPATCHER_PREFETCH: Final = Contender(
+    "dispatcher-prefetch", "dispatcher run, prefetch 2x parallelism", _dispatcher_prefetch
+)
 DISPATCHER_X2: Final = Contender("dispatcher", "dispatcher run x2", _dispatcher, processes=2)
 PIKA_HTTPX: Final = Contender("a", "(a) pika + httpx.Client, sequential", _pika_httpx)
 AIOPIKA_AIOHTTP: Final = Contender("b", "(b) aio-pika + aiohttp, tasks", _aiopika_aiohttp)
@@ -182,6 +190,7 @@ KEYS: Final = (
     "dispatcher-filtered",
     "dispatcher-cesql",
     "dispatcher-store",
+    "dispatcher-prefetch",
     "a",
     "b",
     "c",

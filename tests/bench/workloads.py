@@ -24,6 +24,7 @@ from tests.bench.lineup import (
     DISPATCHER,
     DISPATCHER_CESQL,
     DISPATCHER_FILTERED,
+    DISPATCHER_PREFETCH,
     DISPATCHER_STORE,
     DISPATCHER_X2,
     GO_PEER,
@@ -95,7 +96,14 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w1 = Workload(
         "W1",
         "fast subscriber (nginx, 202 at once), persistent 1 KB events pre-loaded",
-        (DISPATCHER, DISPATCHER_FILTERED, DISPATCHER_CESQL, DISPATCHER_STORE, *lineup[1:]),
+        (
+            DISPATCHER,
+            DISPATCHER_FILTERED,
+            DISPATCHER_CESQL,
+            DISPATCHER_STORE,
+            DISPATCHER_PREFETCH,
+            *lineup[1:],
+        ),
         events=size(20_000, 2_000),
         parallelism=50,
         sink="nginx",
@@ -123,7 +131,15 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w3 = Workload(
         "W3",
         "slow subscriber (asyncio, 202 after 100 ms), events pre-loaded; ideal 1,000 msg/s",
-        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, GO_PEER, HTTP_AIOHTTP, HTTP_HTTPX_THREADS),
+        (
+            DISPATCHER,
+            DISPATCHER_PREFETCH,
+            PIKA_HTTPX,
+            AIOPIKA_AIOHTTP,
+            GO_PEER,
+            HTTP_AIOHTTP,
+            HTTP_HTTPX_THREADS,
+        ),
         events=size(5_000, 1_000),
         parallelism=100,
         sink="asyncio",
@@ -161,7 +177,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
     w6 = Workload(
         "W6",
         "many slow deliveries (asyncio, 202 after 2 s), events pre-loaded; ideal 1,000 msg/s",
-        (DISPATCHER, AIOPIKA_AIOHTTP, GO_PEER),
+        (DISPATCHER, DISPATCHER_PREFETCH, AIOPIKA_AIOHTTP, GO_PEER),
         events=size(20_000, 4_000),
         parallelism=2000,
         sink="asyncio",
@@ -174,7 +190,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
         "W7",
         "dead-letter storm: the subscriber answers 400 to everything, "
         "`dead_letter.exchange` set; events pre-loaded",
-        (DISPATCHER,),
+        (DISPATCHER, DISPATCHER_PREFETCH),
         events=size(20_000, 2_000),
         parallelism=50,
         sink="asyncio",
