@@ -11,7 +11,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dispatcher import cesql
-from dispatcher.config.settings import CesqlFilter, FilterEntry, NestingFilter, Settings
+from dispatcher.config.settings import (
+    BindingSettings,
+    CesqlFilter,
+    FilterEntry,
+    NestingFilter,
+    Settings,
+)
+from dispatcher.retry import JITTER, Backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +49,38 @@ def advice(settings: Settings) -> list[Advice]:
             found.append(Advice(f"{key}.filter", "is ignored: filters is set (as in Knative)"))
         for place, entry in enumerate(binding.filters):
             found.extend(_ungrouped(entry, f"{key}.filters[{place}]"))
+        found.extend(_window_too_long(binding, key))
     return found
+
+
+def fastest_retries(binding: BindingSettings) -> float:
+    """The least time a message can take to spend every retry: each attempt failing
+    at once (a refused connection), each backoff at its shortest jitter."""
+    d = binding.delivery
+    backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
+    return sum((1.0 - JITTER) * backoff.base(n) for n in range(d.retry))
+
+
+def _seconds(value: float) -> str:
+    return f"{round(value, 3):g}s"
+
+
+def _window_too_long(binding: BindingSettings, key: str) -> Iterator[Advice]:
+    """A breaker saves messages only if it opens before they run out of retries;
+    at an outage's start its window still holds the successes before it."""
+    breaker = binding.circuit_breaker
+    if breaker is None:
+        return
+    fastest = fastest_retries(binding)
+    if fastest < breaker.window:
+        yield Advice(
+            f"{key}.circuit_breaker.window",
+            f"binding {binding.name!r}: a message can spend its {binding.delivery.retry + 1} "
+            f"attempts in {_seconds(fastest)}, less than the window of "
+            f"{_seconds(breaker.window)}: at the start of an outage, messages may be "
+            "dead-lettered before the breaker opens (a shorter window, or more retries or "
+            "a longer backoff)",
+        )
 
 
 def _ungrouped(entry: FilterEntry, where: str) -> Iterator[Advice]:

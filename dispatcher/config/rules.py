@@ -27,6 +27,7 @@ from dispatcher.config.settings import (
     BatchSettings,
     BindingSettings,
     BrokerSettings,
+    CircuitBreakerSettings,
     ContentMode,
     DeadLetterSettings,
     DeclareSettings,
@@ -55,6 +56,7 @@ from dispatcher.config.validation import (
     duration_rule,
     filter_entry_schema,
     integer_rule,
+    number_rule,
     size_rule,
     text_rule,
     url_list_rule,
@@ -190,6 +192,11 @@ def _check_authorization(binding: Any, s: Section) -> None:
             )
 
 
+def _check_circuit_breaker(breaker: Any, s: Section) -> None:
+    if breaker.max_open < breaker.open_for:
+        raise ConfigError(s.sub("max_open"), "must be >= open_for")
+
+
 def _check_reply(reply: Any, s: Section) -> None:
     if reply.exchange is not None and reply.url is not None:
         raise ConfigError(s.key, "set either exchange or url, not both")
@@ -263,6 +270,7 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "prefetch": integer_rule(1, 65535),
         "ordered": Rule(values.boolean, {"type": "boolean"}),
         "delivery": _section_rule(DeliverySettings),
+        "circuit_breaker": _section_rule(CircuitBreakerSettings),
         "auth": _section_rule(AuthSettings),
         "headers": Rule(
             values.headers,
@@ -318,6 +326,14 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
                 },
             },
         ),
+        "rate_limit": number_rule(0.0, 1_000_000.0, low_open=True),
+    },
+    CircuitBreakerSettings: {
+        "failure_ratio": number_rule(0.0, 1.0, low_open=True),
+        "min_attempts": integer_rule(1),
+        "window": duration_rule(durations.positive_duration, 0, positive=True),
+        "open_for": duration_rule(durations.positive_duration, 0, positive=True),
+        "max_open": duration_rule(durations.positive_duration, 0, positive=True),
     },
     DeadLetterSettings: {"sink": _HTTP_URL, "exchange": text_rule(), "routing_key": text_rule()},
     ReplySettings: {"exchange": text_rule(), "routing_key": text_rule(), "url": _HTTP_URL},
@@ -330,5 +346,6 @@ _CHECKS: Final[Mapping[type, Callable[[Any, Section], None]]] = {
     DeclareSettings: _check_declare,
     DeliverySettings: _check_delivery,
     ReplySettings: _check_reply,
+    CircuitBreakerSettings: _check_circuit_breaker,
     BindingSettings: _check_binding,
 }

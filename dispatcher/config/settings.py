@@ -29,6 +29,7 @@ LogFormat = Literal["json", "console"]
 # the form a user would write in the file.
 _DURATION: Final = {"render": "duration"}
 _URL: Final = {"render": "url"}
+_NUMBER: Final = {"render": "number"}
 _SIZE: Final = {"render": "size"}
 
 
@@ -138,6 +139,19 @@ class DeliverySettings:
     timeout: float = field(default=10.0, metadata=_DURATION)
     # Statuses (404) and classes ("4xx", "5xx") that are retried; see retry.py.
     retry_on: tuple[int | str, ...] = DEFAULT_RETRY_ON
+    # Requests per second to the subscriber, retries included (None: no limit).
+    rate_limit: float | None = field(default=None, metadata=_NUMBER)
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitBreakerSettings:
+    """When the subscriber is failing, stop taking messages (``dispatcher.breaker``)."""
+
+    failure_ratio: float = field(default=0.5, metadata=_NUMBER)
+    min_attempts: int = 20
+    window: float = field(default=30.0, metadata=_DURATION)
+    open_for: float = field(default=30.0, metadata=_DURATION)
+    max_open: float = field(default=300.0, metadata=_DURATION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +231,7 @@ class BindingSettings:
     # more than one message in flight a retry would overtake its successors.
     ordered: bool = False
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    circuit_breaker: CircuitBreakerSettings | None = None
     auth: AuthSettings = field(default_factory=AuthSettings)
     # Extra request headers, (name, value) in the file's order: every request of
     # the binding (subscriber, dead-letter sink, reply URL) carries them.

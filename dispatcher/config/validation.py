@@ -133,6 +133,14 @@ def integer_rule(minimum: int, maximum: int | None = None) -> Rule:
     return Rule(values.int_between(minimum, maximum), schema)
 
 
+def number_rule(low: float, high: float | None = None, *, low_open: bool = False) -> Rule:
+    schema: JsonSchema = {"type": "number"}
+    schema["exclusiveMinimum" if low_open else "minimum"] = low
+    if high is not None:
+        schema["maximum"] = high
+    return Rule(values.number_in(low, high, low_open=low_open), schema)
+
+
 def _any_case(word: str) -> str:
     # No (?i): JSON Schema patterns are ECMA-262, Helm's are Go's; both read [xX].
     return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)

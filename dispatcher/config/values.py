@@ -8,6 +8,7 @@ URLs in ``urls``. ``rules`` says which key is read with which parser.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -70,6 +71,23 @@ def int_between(low: int, high: int) -> Callable[[object, str], int]:
         number = integer(value, key)
         if not low <= number <= high:
             raise ConfigError(key, f"must be between {low} and {high}")
+        return number
+
+    return parse
+
+
+def number_in(low: float, high: float | None, *, low_open: bool) -> Callable[[object, str], float]:
+    """A number (an integer is one) above ``low`` (or at it, unless ``low_open``),
+    at most ``high``."""
+
+    def parse(value: object, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(key, f"must be a number, got {show(value)}")
+        number = float(value)
+        if not math.isfinite(number) or number < low or (low_open and number == low):
+            raise ConfigError(key, f"must be {'>' if low_open else '>='} {low:g}")
+        if high is not None and number > high:
+            raise ConfigError(key, f"must be <= {high:g}")
         return number
 
     return parse

@@ -15,6 +15,7 @@ from dispatcher.config import (
     BindingSettings,
     BrokerSettings,
     CesqlFilter,
+    CircuitBreakerSettings,
     DeadLetterSettings,
     DeclareSettings,
     DeliverySettings,
@@ -124,6 +125,9 @@ def full_yaml(tls: dict[str, str]) -> str:
           backoff_max: 2m
           timeout: PT15S
           retry_on: [409, "5xx"]
+          rate_limit: 2.5
+        circuit_breaker:
+          {{failure_ratio: 0.25, min_attempts: 8, window: 10s, open_for: 5s, max_open: 1m}}
         auth: {{bearer_token_file: {tls["token"]}}}
         headers: {{X-Tenant: blue}}
         filter: {{attributes: {{type: com.example.a, source: ""}}}}
@@ -182,6 +186,10 @@ def full_expected(tls: dict[str, str]) -> Settings:
                     backoff_max=120.0,
                     timeout=15.0,
                     retry_on=(409, "5xx"),
+                    rate_limit=2.5,
+                ),
+                circuit_breaker=CircuitBreakerSettings(
+                    failure_ratio=0.25, min_attempts=8, window=10.0, open_for=5.0, max_open=60.0
                 ),
                 auth=AuthSettings(bearer_token_file=tls["token"]),
                 headers=(("X-Tenant", "blue"),),
@@ -253,6 +261,7 @@ def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str,
         "prefetch",
         "ordered",
         "delivery",
+        "circuit_breaker",
         "auth",
         "headers",
         "filter",
@@ -270,6 +279,14 @@ def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str,
         "backoff_max",
         "timeout",
         "retry_on",
+        "rate_limit",
+    ]
+    assert list(document["bindings"][0]["circuit_breaker"]) == [
+        "failure_ratio",
+        "min_attempts",
+        "window",
+        "open_for",
+        "max_open",
     ]
 
 
@@ -293,10 +310,12 @@ def test_defaults_match_product_md(tmp_path: Path) -> None:
     assert b.declare is None
     assert b.content_mode == "binary"
     assert b.tls == TlsSettings()
-    assert (b.parallelism, b.ordered) == (10, False)
+    assert (b.parallelism, b.prefetch, b.ordered) == (10, None, False)
     assert b.delivery == DeliverySettings(
         retry=5, backoff_policy="exponential", backoff_delay=0.2, backoff_max=30.0, timeout=10.0
     )
+    assert b.delivery.rate_limit is None
+    assert b.circuit_breaker is None
     assert b.dedupe_window == 600.0
     assert b.dead_letter == DeadLetterSettings(sink=None, exchange=None, routing_key="")
     assert b.reply == ReplySettings(exchange=None, routing_key="", url=None)
@@ -726,6 +745,32 @@ def test_check_advises_that_filter_is_ignored_beside_filters() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("delivery", "window", "warned"),
+    [
+        # 0.8 x (500ms + 1s + 2s) = 2.8 s at the fastest
+        ({"retry": 3, "backoff_delay": "500ms"}, "3s", True),
+        ({"retry": 3, "backoff_delay": "500ms"}, "2s", False),
+        # linear: 0.8 x (1 + 2 + 3 + 4 + 5) s = 12 s
+        ({"retry": 5, "backoff_policy": "linear", "backoff_delay": "1s"}, "10s", False),
+        # backoff_max caps each wait: 0.8 x (1 + 1 + 1) s = 2.4 s
+        ({"retry": 3, "backoff_delay": "1s", "backoff_max": "1s"}, "3s", True),
+        ({"retry": 0}, "1s", True),
+    ],
+)
+def test_check_warns_when_retries_run_out_within_the_breakers_window(
+    delivery: dict[str, Any], window: str, warned: bool
+) -> None:
+    breaker = {"window": window}
+    settings = settings_from_dict(
+        {"bindings": [_sink(delivery=delivery, circuit_breaker=breaker)]}, {}
+    )
+    said = [found for found in advice(settings) if found.key.endswith("circuit_breaker.window")]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert "messages may be dead-lettered before the breaker opens" in said[0].text
+
+
 def test_filters_nest_at_most_32_levels() -> None:
     def nested(levels: int) -> dict[str, Any]:
         entry: dict[str, Any] = {"exact": {"type": "a"}}
@@ -758,7 +803,8 @@ def test_check_shows_headers_but_not_secret_ones() -> None:
 def test_unknown_nested_key() -> None:
     assert binding_error(delivery={"retires": 3}) == (
         "bindings[0].delivery.retires: unknown key "
-        "(expected one of: backoff_delay, backoff_max, backoff_policy, retry, retry_on, timeout)"
+        "(expected one of: backoff_delay, backoff_max, backoff_policy, rate_limit, retry, "
+        "retry_on, timeout)"
     )
 
 
@@ -860,6 +906,40 @@ def test_parallelism_bounds(value: int, ok: bool) -> None:
 def test_ordered_is_allowed_with_any_parallelism() -> None:
     [b] = build(bindings=[binding(ordered=True, parallelism=50)]).bindings
     assert (b.ordered, b.parallelism) == (True, 50)
+
+
+def test_circuit_breaker_defaults_match_product_md() -> None:
+    [b] = build(bindings=[binding(circuit_breaker={})]).bindings
+    assert b.circuit_breaker == CircuitBreakerSettings(
+        failure_ratio=0.5, min_attempts=20, window=30.0, open_for=30.0, max_open=300.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "error"),
+    [
+        ({"circuit_breaker": {"failure_ratio": 0}}, "circuit_breaker.failure_ratio: must be > 0"),
+        (
+            {"circuit_breaker": {"failure_ratio": 1.01}},
+            "circuit_breaker.failure_ratio: must be <= 1",
+        ),
+        (
+            {"circuit_breaker": {"failure_ratio": "half"}},
+            "circuit_breaker.failure_ratio: must be a number, got 'half'",
+        ),
+        ({"circuit_breaker": {"min_attempts": 0}}, "circuit_breaker.min_attempts: must be >= 1"),
+        ({"circuit_breaker": {"window": "0s"}}, "circuit_breaker.window: must be > 0"),
+        (
+            {"circuit_breaker": {"open_for": "1m", "max_open": "30s"}},
+            "circuit_breaker.max_open: must be >= open_for",
+        ),
+        ({"delivery": {"rate_limit": 0}}, "delivery.rate_limit: must be > 0"),
+        ({"delivery": {"rate_limit": True}}, "delivery.rate_limit: must be a number, got true"),
+        ({"delivery": {"rate_limit": "50/s"}}, "delivery.rate_limit: must be a number, got '50/s'"),
+    ],
+)
+def test_protection_refused(keys: dict[str, object], error: str) -> None:
+    assert binding_error(**keys) == f"bindings[0].{error}"
 
 
 @pytest.mark.parametrize(
