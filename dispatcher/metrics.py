@@ -30,6 +30,7 @@ RECONNECT_REASONS = (
     "error",
 )
 CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
+CIRCUIT_STATES = ("closed", "open", "half_open")  # by dispatcher_circuit_state's value
 
 
 def code_class(status: int | None) -> str:
@@ -131,6 +132,36 @@ class Metrics:
             "Calls to the shared dedupe store that failed or timed out.",
             registry=r,
         )
+        self.circuit_state = Gauge(
+            "dispatcher_circuit_state",
+            "Circuit breaker state: 0 closed, 1 open, 2 half-open (bindings with a breaker).",
+            ["binding"],
+            registry=r,
+        )
+        self.circuit_transitions = Counter(
+            "dispatcher_circuit_transitions",
+            "Circuit breaker transitions, by the state entered.",
+            ["binding", "to"],
+            registry=r,
+        )
+        self.circuit_open_seconds = Gauge(
+            "dispatcher_circuit_open_seconds",
+            "Seconds since the circuit breaker last left closed; 0 while closed.",
+            ["binding"],
+            registry=r,
+        )
+        self.circuit_max_open = Gauge(
+            "dispatcher_circuit_max_open_seconds",
+            "Configured circuit_breaker.max_open (lets alerts compare the open time with it).",
+            ["binding"],
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "dispatcher_rate_limited_seconds",
+            "Seconds requests to the subscriber waited for the binding's rate limit.",
+            ["binding"],
+            registry=r,
+        )
         self.dedupe_store_up: Gauge | None = None  # registered only with a store
         self._nodes: set[str] = set()  # every node connected to so far (a cluster's few)
         self._blocked: set[str] = set()
@@ -184,6 +215,17 @@ class Metrics:
         self.stale_acks.labels(binding)
         self.duplicates_suppressed.labels(binding)
 
+    def register_breaker(
+        self, binding: str, max_open: float, open_seconds: Callable[[], float]
+    ) -> None:
+        """The breaker's series, for a binding that has one: closed, no transition
+        yet; ``open_seconds`` is read when scraped."""
+        self.circuit_state.labels(binding).set(0)
+        self.circuit_max_open.labels(binding).set(max_open)
+        self.circuit_open_seconds.labels(binding).set_function(open_seconds)
+        for state in CIRCUIT_STATES:
+            self.circuit_transitions.labels(binding, state)
+
     def binding(self, binding: str) -> BindingMetrics:
         """The children of one binding, looked up once: ``labels()`` on every message
         cost about 6 us of a delivery's CPU."""
@@ -204,6 +246,11 @@ class BindingMetrics:
         self.dispatch_duration = metrics.dispatch_duration.labels(binding)
         self.inflight = metrics.inflight.labels(binding)
         self.duplicates_suppressed = metrics.duplicates_suppressed.labels(binding)
+        self.rate_limited = metrics.rate_limited.labels(binding)
+        self.circuit_state = metrics.circuit_state.labels(binding)
+        self.circuit_transitions = {
+            s: metrics.circuit_transitions.labels(binding, s) for s in CIRCUIT_STATES
+        }
 
     def observe_attempt(self, status: int | None, seconds: float) -> None:
         self.attempts[code_class(status)].inc()
