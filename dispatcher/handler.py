@@ -80,6 +80,9 @@ class ChannelState:
     def __init__(self) -> None:
         self.open = True
 
+    def is_open(self) -> bool:
+        return self.open
+
 
 # For messages that belong to no channel of ours (tests, tools): always open.
 NO_CHANNEL = ChannelState()
@@ -177,7 +180,7 @@ class Handler:
             return Action.LEAVE
         settled = False
         try:
-            final = await self._settle(event, problem, received.message)
+            final = await self._settle(event, problem, received)
             settled = final.outcome in ("delivered", "dead_lettered")
         finally:
             if claim is not None:
@@ -207,14 +210,14 @@ class Handler:
             return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
         return found
 
-    async def _settle(self, event: Event, problem: str | None, message: AmqpMessage) -> _Final:
+    async def _settle(self, event: Event, problem: str | None, received: Received) -> _Final:
         trace: Mapping[str, str] = {}
         try:
             # W3C trace context rides along to the subscriber, replies and dead letters.
-            trace = http_form.trace_headers(message.headers)
+            trace = http_form.trace_headers(received.message.headers)
             if problem is not None:
                 return await self._give_up(event, Failure(None, reason=problem), 0, None, trace)
-            return await self._deliver(event, trace)
+            return await self._deliver(event, trace, received.channel)
         except Exception as e:
             # A bug met by this message. Requeueing would meet it again forever;
             # dead-letter it with the reason instead, so the queue moves on.
@@ -248,13 +251,20 @@ class Handler:
     def _wrapped(self, message: AmqpMessage) -> Event:
         return from_amqp.wrap(message, self._vhost, self._binding.queue)
 
-    async def _deliver(self, event: Event, trace: Mapping[str, str]) -> _Final:
+    async def _deliver(
+        self, event: Event, trace: Mapping[str, str], channel: ChannelState
+    ) -> _Final:
         request = http_form.to_http(event, self._binding.content_mode, trace)
         accept = partial(self._forward_reply, trace) if self._replier.enabled else None
-        outcome = await self._subscriber.send(request, accept)
+        outcome = await self._subscriber.send(request, accept, channel.is_open)
         last, refusal = outcome.last, outcome.refusal
         if outcome.result is Result.ABANDONED:
             return _Final(Action.LEAVE, None, outcome.attempts, last.status)
+        if outcome.result is Result.RETURNED:
+            # Held by the open circuit breaker as long as the broker lets a message
+            # stay unacked: back to the queue, its retries unspent.
+            reason = "circuit breaker open: given back to the queue unsent"
+            return _Final(Action.REQUEUE, "requeued", outcome.attempts, last.status, reason)
         if outcome.result is Result.DELIVERED:
             return _Final(Action.ACK, "delivered", outcome.attempts, last.status)
         if refusal is None:

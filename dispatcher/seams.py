@@ -94,6 +94,9 @@ class Result(Enum):
     DELIVERED = "delivered"  # a 2xx
     FAILED = "failed"  # not retryable, or retries exhausted
     ABANDONED = "abandoned"  # shutdown ended a retry wait: leave the message unacked
+    # Held in an open circuit breaker as long as a message may stay unacked: give
+    # it back to the queue, its retries unspent.
+    RETURNED = "returned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +133,18 @@ class Outcome:
 class Target(Protocol):
     """One URL with a retry policy: every attempt, wait and deadline is its own."""
 
-    def send(self, request: HttpRequestParts, accept: Accept | None = None) -> Awaitable[Outcome]:
+    def send(
+        self,
+        request: HttpRequestParts,
+        accept: Accept | None = None,
+        wanted: Callable[[], bool] | None = None,
+    ) -> Awaitable[Outcome]:
         """Attempts until a 2xx that ``accept`` accepts, a failure that is not
         retried, the last retry or the deadline. A 2xx that ``accept`` refuses
         with ``retry`` is a failed attempt like a 503: the same event is sent again
-        after a backoff, within the same retry budget."""
+        after a backoff, within the same retry budget. ``wanted``: asked after a
+        wait in an open circuit breaker; False (the message's channel is gone)
+        ends the delivery as ``ABANDONED``."""
         ...
 
     def deadline_seconds(self) -> float:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from dispatcher import http_form, logs
 from dispatcher.bearer import BearerToken
+from dispatcher.breaker import CircuitBreaker, reported
 from dispatcher.broker.params import virtual_host
 from dispatcher.broker.publisher import Publisher
 from dispatcher.broker.supervisor import Supervisor
@@ -43,6 +44,7 @@ from dispatcher.http.target import HttpTarget
 from dispatcher.logs import get_logger
 from dispatcher.loop import WRITABLE
 from dispatcher.metrics import Metrics
+from dispatcher.rate_limit import RateLimit
 from dispatcher.reply import Replier
 from dispatcher.seams import Dedupe
 from dispatcher.tls import tls_context
@@ -123,6 +125,8 @@ class Service:
         except OSError as e:
             raise ConfigError("http.listen", f"cannot listen on {settings.http.listen}: {e}") from e
         vhost = virtual_host(settings.broker)
+        # Read by tests and debugging; each is the loop's to change.
+        self.breakers: dict[str, CircuitBreaker] = {}
         for binding, urls in zip(settings.bindings, endpoints, strict=True):
             self._add_binding(binding, urls, vhost)
 
@@ -163,11 +167,25 @@ class Service:
         )
         # Answers are read whole exactly when the handler will look for a reply
         # in them: one decision, the replier's.
+        breaker = None
+        if binding.circuit_breaker is not None:
+            transition = reported(binding.name, metrics)
+            breaker = CircuitBreaker(binding.circuit_breaker, engine.loop, transition)
+            self.metrics.register_breaker(
+                binding.name, binding.circuit_breaker.max_open, breaker.open_seconds
+            )
+            engine.close_at_stop(breaker.close)
+            self.breakers[binding.name] = breaker
+        rate = binding.delivery.rate_limit
+        limit = None if rate is None else RateLimit(rate, engine.waits, metrics.rate_limited.inc)
+        # The subscriber's protection: the dead-letter sink and reply URL are not it.
         subscriber = target(
             urls.subscriber,
             own_headers=http_form.SUBSCRIBER_HEADERS,
             observe=metrics.observe_attempt,
             read_reply=replier.enabled,
+            breaker=breaker,
+            rate_limit=limit,
         )
         assert subscriber is not None
         sink = target(urls.sink)
@@ -191,7 +209,7 @@ class Service:
             compile_filter(binding),
         )
         engine.add_binding(binding.name, handler)
-        self.supervisor.add_binding(binding)
+        self.supervisor.add_binding(binding, breaker)
 
     def _dedupe(self, binding: BindingSettings, claim_ttl: float) -> Dedupe:
         local = MemoryDedupe(binding.dedupe_window, self.engine.waits)

@@ -25,6 +25,17 @@ consumers may prefetch only what is free (``fill``): a broker that closes the
 channel ten times in a row gets one prefetch's worth of messages held here,
 not ten.
 
+A binding with a circuit breaker (``dispatcher.breaker``) stops taking
+messages while it is open: its consumers are cancelled (the broker keeps the
+rest of the queue for other replicas), no waiting message starts, and the
+deliveries already running wait in the breaker for their next attempt. Half
+open, one message is started to be the probe: one that waits here, else one
+taken by a consumer of prefetch 1 (unless a delivery already waits in the
+breaker to be it). Closed again, consumption resumes with the free room.
+Cancelled consumers' messages stay held and counted: their slots are not
+covered by any consumer's prefetch any more (``_watermark``), so the room
+given to new consumers leaves them out.
+
 Everything here runs on the engine loop, except the plain fields read by
 ``Supervisor``'s inspection methods.
 """
@@ -37,10 +48,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import pika.exceptions
 
+from dispatcher.breaker import CircuitBreaker, CircuitState
 from dispatcher.broker import amqp_properties
 from dispatcher.broker.params import describe_error
 from dispatcher.config import BindingSettings
@@ -52,6 +64,8 @@ from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff
 
 log = get_logger()
+
+Consumption = Literal["up", "paused", "down"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +82,14 @@ class Shared:
 
 
 class Consumer:
-    def __init__(self, settings: BindingSettings, shared: Shared) -> None:
+    def __init__(
+        self, settings: BindingSettings, shared: Shared, breaker: CircuitBreaker | None = None
+    ) -> None:
         self.settings = settings
         self._shared = shared
+        self._breaker = breaker
+        if breaker is not None:
+            breaker.listen(self._on_circuit)
         self.channel: Any = None
         self.generation = 0
         # What this generation's messages carry: closed with the channel, so a
@@ -84,6 +103,13 @@ class Consumer:
         self._running = 0  # of those held, the ones handed over to a delivery
         self._waiting: deque[Received] = deque()  # held, not handed over yet (this channel's)
         self._starting = False  # ``_start_waiting`` is on the stack
+        # Pausing (circuit open): consumers cancelled, cancel-oks still to come.
+        self._cancelling = 0
+        self._last_tag = 0  # the latest delivery tag of this channel
+        # This channel's messages below this tag came to consumers since cancelled:
+        # held, but no longer counted in ``_current`` (no prefetch covers them).
+        self._watermark = 0
+        self._probe_started = False  # half open: a message was started to be the probe
         self._failures = 0  # consecutive channel failures, for backoff
         self._close_reason: str | None = None  # set when we close the channel on purpose
 
@@ -96,6 +122,14 @@ class Consumer:
         """Deliveries of this binding running, whatever their channel: the one count
         of them (``dispatcher_inflight``, the shutdown's idle)."""
         return self._running
+
+    @property
+    def consumption(self) -> Consumption:
+        """What ``/readyz`` says of this binding: consuming, paused by its circuit
+        breaker on a channel that is fine, or neither."""
+        if self._paused() and self.ready and self.channel is not None and self.channel.is_open:
+            return "paused"
+        return "up" if self.consumer_tags else "down"
 
     @property
     def waiting(self) -> int:
@@ -118,6 +152,7 @@ class Consumer:
         self.channel, self.generation, self.consumer_tags = channel, generation, []
         self.state = ChannelState()
         self.ready, self._prefetch, self._current = False, 0, 0
+        self._cancelling, self._last_tag, self._watermark = 0, 0, 0
         channel.add_on_close_callback(partial(self._on_channel_closed, generation))
         channel.add_on_cancel_callback(partial(self._on_cancelled, generation))
         declare = self.settings.declare
@@ -188,6 +223,7 @@ class Consumer:
         self._held -= len(self._waiting)
         self._waiting.clear()
         self.ready, self._prefetch, self._current = False, 0, 0
+        self._cancelling, self._last_tag, self._watermark = 0, 0, 0
         self._shared.metrics.consumer_up.labels(self.name).set(0)
         if was_consuming:
             log.info("consumer detached", binding=self.name)
@@ -207,13 +243,21 @@ class Consumer:
         channel = self.channel
         if not self.ready or channel is None or not channel.is_open:
             return
-        if self._shared.stopping():
+        if self._shared.stopping() or self._cancelling:
+            return
+        if self._paused():
+            self._take_probe()
             return
         orphans = self._held - self._current
         room = self.settings.held - orphans - self._prefetch
         step = max(1, self.settings.held // 4)
         if room < 1 or (self._prefetch and orphans and room < step):
             return
+        self._take(room)
+
+    def _take(self, room: int) -> None:
+        """A consumer with prefetch ``room`` on the current channel."""
+        channel = self.channel
         self._prefetch += room
         generation = self.generation
         # Per consumer (global_qos=False): a global qos on a quorum queue closes
@@ -237,6 +281,9 @@ class Consumer:
         if generation != self.generation:
             return
         self.consumer_tags.append(tag)
+        if self._breaker is not None and self._breaker.state is CircuitState.OPEN:
+            self._pause()  # it opened while this consumer was being set up
+            return
         self._failures = 0
         self._shared.metrics.consumer_up.labels(self.name).set(1)
         log.info(
@@ -267,9 +314,11 @@ class Consumer:
         # closing it) is born closed: nothing is sent for it.
         current = generation == self.generation
         state = self.state if current else _CLOSED
+        tag = method.delivery_tag
         self._held += 1
         self._current += current
-        tag = method.delivery_tag
+        if current:
+            self._last_tag = tag
         unreadable = amqp_properties.unreadable(props)
         if unreadable is not None:
             log.warning(
@@ -287,10 +336,25 @@ class Consumer:
             message = AmqpMessage(body, {})
             unreadable = Unreadable(f"{type(e).__name__}: {e}", b"")
         received = Received(generation, tag, bool(method.redelivered), message, unreadable, state)
-        if current and (self._waiting or self._running >= self.settings.workers):
+        if current and (self._waiting or not self._may_start()):
             self._waiting.append(received)
             return
+        self._begin(received)
+
+    def _may_start(self) -> bool:
+        if self._running >= self.settings.workers:
+            return False
+        if not self._paused():
+            return True
+        # Half open: one message to be the probe, unless one already waits in the
+        # breaker to be it (or is it).
+        breaker = self._breaker
+        return breaker is not None and breaker.wants_probe and not self._probe_started
+
+    def _begin(self, received: Received) -> None:
         self._running += 1
+        if self._paused():
+            self._probe_started = True
         self._shared.receive(self.name, received)
 
     def _start_waiting(self) -> None:
@@ -301,9 +365,8 @@ class Consumer:
             return
         self._starting = True
         try:
-            while self._waiting and self._running < self.settings.workers:
-                self._running += 1
-                self._shared.receive(self.name, self._waiting.popleft())
+            while self._waiting and self._may_start():
+                self._begin(self._waiting.popleft())
         finally:
             self._starting = False
 
@@ -314,9 +377,12 @@ class Consumer:
         this one; start a waiting message in the freed slot; call ``fill`` next."""
         self._held -= 1
         self._running -= 1
+        # Whatever it was, the half-open period may want another probe now (a
+        # started message that was filtered never asked the breaker).
+        self._probe_started = False
         channel = self.channel
         current = channel is not None and received.generation == self.generation
-        if current:
+        if current and received.tag >= self._watermark:
             self._current -= 1
         self._send(received, action, channel if current else None)
         self._start_waiting()
@@ -337,6 +403,58 @@ class Consumer:
                 channel.basic_reject(received.tag, requeue=False)
         except pika.exceptions.AMQPError:
             self._count_stale()
+
+    # ----------------------------------------------------------------- the circuit breaker
+
+    def _paused(self) -> bool:
+        return self._breaker is not None and self._breaker.state is not CircuitState.CLOSED
+
+    def _on_circuit(self, state: CircuitState) -> None:
+        if state is CircuitState.OPEN:
+            self._pause()
+        elif state is CircuitState.HALF_OPEN:
+            self._start_waiting()
+            self.fill()
+        else:
+            self.fill()
+            self._start_waiting()
+
+    def _pause(self) -> None:
+        """Cancel every consumer: the broker sends nothing more until we resume."""
+        channel = self.channel
+        tags, self.consumer_tags = self.consumer_tags, []
+        if channel is None or not channel.is_open or not tags:
+            return
+        self._cancelling += len(tags)
+        for tag in tags:
+            channel.basic_cancel(tag, callback=partial(self._on_cancel_ok, self.generation))
+        self._shared.metrics.consumer_up.labels(self.name).set(0)
+        log.info("consumer paused: circuit open", binding=self.name)
+
+    def _on_cancel_ok(self, generation: int, _frame: Any) -> None:
+        if generation != self.generation or not self._cancelling:
+            return
+        self._cancelling -= 1
+        if self._cancelling:
+            return
+        # No consumer left on this channel: what it holds is covered by none.
+        self._watermark = self._last_tag + 1
+        self._current, self._prefetch = 0, 0
+        self.fill()  # the breaker may have moved on meanwhile
+
+    def _take_probe(self) -> None:
+        """Half open with nothing here to probe with: one message, prefetch 1."""
+        breaker = self._breaker
+        if (
+            breaker is not None
+            and breaker.wants_probe
+            and not self._probe_started
+            and not self._waiting
+            and not self.consumer_tags
+            and not self._prefetch
+            and self._held < self.settings.held
+        ):
+            self._take(1)
 
     def _count_stale(self) -> None:
         self._shared.metrics.stale_acks.labels(self.name).inc()

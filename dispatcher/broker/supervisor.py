@@ -37,7 +37,8 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from dispatcher.broker.consumer import Consumer, Shared
+from dispatcher.breaker import CircuitBreaker
+from dispatcher.broker.consumer import Consumer, Consumption, Shared
 from dispatcher.broker.params import (
     Node,
     Rotation,
@@ -92,8 +93,8 @@ class Supervisor:
             deliver,
         )
 
-    def add_binding(self, settings: BindingSettings) -> None:
-        consumer = Consumer(settings, self._shared)
+    def add_binding(self, settings: BindingSettings, breaker: CircuitBreaker | None = None) -> None:
+        consumer = Consumer(settings, self._shared, breaker)
         self._bindings[settings.name] = consumer
         self._metrics.register_binding(settings.name)
         # Read when scraped: no gauge update (and its lock) per delivery.
@@ -104,9 +105,10 @@ class Supervisor:
     def start(self) -> None:
         self._loop.call_soon_threadsafe(lambda _arg: self._start(), None)
 
-    def consumers(self) -> dict[str, bool]:
-        """Binding name -> has a live consumer."""
-        return {name: bool(b.consumer_tags) for name, b in self._bindings.items()}
+    def consumers(self) -> dict[str, Consumption]:
+        """Binding name -> ``up`` (a live consumer), ``paused`` (its circuit breaker
+        stopped it, on a channel that is fine) or ``down``."""
+        return {name: b.consumption for name, b in self._bindings.items()}
 
     # Inspection and fault injection for tests and debugging: the values are plain
     # fields the loop writes, read as they are; anything that touches pika runs on

@@ -9,8 +9,10 @@ paths are routed here and anything else is a 404.
   engine loop (which runs the broker connections) ticks every second,
   connected or not; a tick older than ``STUCK_AFTER`` means the loop is stuck,
   and Kubernetes should restart the pod: 503.
-- ``/readyz``: 200 only while every binding has a live consumer; otherwise 503
-  with ``{"ready": false, "down": [bindings...]}``. 503 during shutdown.
+- ``/readyz``: 200 only while every binding has a live consumer or is paused
+  by its circuit breaker (``{"ready": true, "paused": [bindings...]}``);
+  otherwise 503 with ``{"ready": false, "down": [bindings...]}``. 503 during
+  shutdown.
 
 Hostile clients (a port scan, a load balancer that half-opens connections, a
 slow client sending a byte a second) must not cost a probe its answer, nor the
@@ -41,7 +43,7 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Final, TypeVar
 
@@ -116,7 +118,7 @@ class OpsServer:
         port: int,
         registry: CollectorRegistry,
         last_tick: Callable[[], float],
-        consumers: Callable[[], dict[str, bool]],
+        consumers: Callable[[], Mapping[str, str]],
         stopping: Callable[[], bool],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -180,10 +182,14 @@ class OpsServer:
     def readyz(self) -> tuple[int, dict[str, object]]:
         if self._stopping():
             return 503, {"ready": False, "reason": "shutting down"}
-        down = sorted(name for name, up in self._consumers().items() if not up)
+        consumers = self._consumers()
+        down = sorted(name for name, state in consumers.items() if state == "down")
         if down:
             return 503, {"ready": False, "down": down}
-        return 200, {"ready": True}
+        # A binding its circuit breaker paused is not a broken process: restarting
+        # it would not bring the subscriber back.
+        paused = sorted(name for name, state in consumers.items() if state == "paused")
+        return 200, {"ready": True, "paused": paused} if paused else {"ready": True}
 
     # ----------------------------------------------------------------- the accept loop
 

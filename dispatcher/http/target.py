@@ -15,6 +15,13 @@ takes is bounded by its own target, and does not eat into this URL's deadline.
 A retry wait is a timer on the engine loop, not a sleeping thread. Shutdown
 ends the wait (``Waits.give_up``) and the delivery is ``ABANDONED``: the
 message is left for the broker to redeliver.
+
+The subscriber's target may have a circuit breaker and a rate limit
+(``dispatcher.breaker``, ``dispatcher.rate_limit``): every attempt asks both
+first. Time spent waiting in either is not taken from the deadline, and a
+failed probe of a half-open breaker does not spend a retry: the message
+keeps its retries for when the subscriber is back. An attempt held in an
+open breaker past ``hold_max`` ends the delivery as ``RETURNED``.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ from collections.abc import Callable
 from typing import Final
 
 from dispatcher.bearer import BearerToken
+from dispatcher.breaker import PASS, CircuitBreaker, Pass
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import HttpClient, Reading, request_headers
 from dispatcher.http.endpoint import Endpoint
+from dispatcher.rate_limit import RateLimit
 from dispatcher.retry import Backoff, Decision, classify, retried_statuses
 from dispatcher.seams import Accept, Outcome, Refusal, Response, Result
 from dispatcher.waits import Waits
@@ -37,6 +46,9 @@ ERROR_BODY_LIMIT: Final = 4096
 
 
 AttemptObserver = Callable[[int | None, float], None]  # (status, seconds)
+
+# The "last answer" of a delivery that ended before its first attempt.
+_NOT_SENT: Final = Response(None, error="not sent: the circuit breaker was open")
 
 
 class HttpTarget:
@@ -53,7 +65,11 @@ class HttpTarget:
         read_reply: bool = False,
         extra_headers: tuple[tuple[str, str], ...] = (),
         bearer: BearerToken | None = None,
+        breaker: CircuitBreaker | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
+        self._breaker = breaker
+        self._rate_limit = rate_limit
         self._endpoint = endpoint
         self._client = client
         self._delivery = delivery
@@ -74,19 +90,39 @@ class HttpTarget:
         d = self._delivery
         return (d.retry + 1) * d.timeout + d.retry * d.backoff_max
 
-    async def send(self, request: HttpRequestParts, accept: Accept | None = None) -> Outcome:
+    async def send(
+        self,
+        request: HttpRequestParts,
+        accept: Accept | None = None,
+        wanted: Callable[[], bool] | None = None,
+    ) -> Outcome:
         # Built once: every attempt sends the same, but for a bearer token that
         # may have rotated in between. The binding's own headers last.
         headers = request_headers(request.headers)
         if self._extra_headers:
             headers.extend(self._extra_headers)
         waits = self._waits
-        deadline = waits.time() + self.deadline_seconds()
-        number = 0
+        started = waits.time()
+        deadline = started + self.deadline_seconds()
+        number = 0  # attempts that count toward ``retry``
+        made = 0  # every attempt, failed probes included
+        response = _NOT_SENT
         while True:
+            given = PASS
+            if self._breaker is not None or self._rate_limit is not None:
+                waited_from = waits.time()
+                admitted = await self._admit(started, wanted)
+                deadline += waits.time() - waited_from
+                if not isinstance(admitted, Pass):
+                    return Outcome(admitted, response, made)
+                given = admitted
             response = await self._attempt(headers, request.body, deadline)
-            number += 1
+            made += 1
             decision = classify(response.status, self._retried)
+            if self._breaker is not None:
+                self._breaker.record(given, decision is Decision.RETRY)
+            if not (given.probe and decision is Decision.RETRY):
+                number += 1
             refusal: Refusal | None = None
             if decision is Decision.SUCCESS and accept is not None:
                 accepting = waits.time()
@@ -96,12 +132,38 @@ class HttpTarget:
                 if refusal is not None:
                     decision = Decision.RETRY if refusal.retry else Decision.FAIL
             if decision is Decision.SUCCESS:
-                return Outcome(Result.DELIVERED, response, number)
+                return Outcome(Result.DELIVERED, response, made)
             wait = self._retry_wait(decision, number, response, refusal, deadline)
             if wait is None:
-                return Outcome(Result.FAILED, response, number, refusal)
+                return Outcome(Result.FAILED, response, made, refusal)
             if not await waits.sleep(wait):
-                return Outcome(Result.ABANDONED, response, number, refusal)
+                return Outcome(Result.ABANDONED, response, made, refusal)
+
+    async def _admit(self, started: float, wanted: Callable[[], bool] | None) -> Pass | Result:
+        """Leave from the breaker, then a slot from the rate limit; or why not."""
+        given = PASS
+        breaker = self._breaker
+        if breaker is not None:
+            admitted = breaker.admit()
+            if not isinstance(admitted, Pass):
+                waits = self._waits
+                held = await waits.wait(admitted, started + breaker.hold_max - waits.time())
+                if held is None:
+                    breaker.withdraw(admitted)
+                    return Result.ABANDONED if waits.given_up or breaker.closed else Result.RETURNED
+                if wanted is not None and not wanted():
+                    breaker.release(held)
+                    return Result.ABANDONED
+                admitted = held
+            given = admitted
+        limit = self._rate_limit
+        if limit is not None:
+            pause = limit.slot()
+            if pause > 0 and not await limit.wait(pause):
+                if breaker is not None:
+                    breaker.release(given)
+                return Result.ABANDONED
+        return given
 
     async def _attempt(self, headers: list[str], body: bytes, deadline: float) -> Response:
         waits = self._waits
@@ -128,5 +190,5 @@ class HttpTarget:
             return None
         # A subscriber's Retry-After is for its own failures, not a reply target's.
         retry_after = None if refusal is not None else response.retry_after
-        wait = self._backoff.wait(number - 1, retry_after)
+        wait = self._backoff.wait(max(number - 1, 0), retry_after)
         return None if self._waits.time() + wait >= deadline else wait

@@ -78,7 +78,7 @@ def test_shutdown_starts_none_of_the_waiting(make_subscriber, run_service):
     svc.service.request_stop()
     stopped = threading.Thread(target=svc.service.shutdown)
     stopped.start()
-    wait_until(lambda: svc.service.supervisor.consumers() == {"b": False}, message="the cancel")
+    wait_until(lambda: svc.service.supervisor.consumers() == {"b": "down"}, message="the cancel")
     release.set()
     stopped.join(30)
     assert not stopped.is_alive()

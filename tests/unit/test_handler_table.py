@@ -27,7 +27,7 @@ flight is released by resolving that attempt's claim on the loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -82,7 +82,12 @@ class FakeTarget:
     def deadline_seconds(self) -> float:
         return 0.1
 
-    async def send(self, request: HttpRequestParts, accept: Accept | None = None) -> Outcome:
+    async def send(
+        self,
+        request: HttpRequestParts,
+        accept: Accept | None = None,
+        wanted: Callable[[], bool] | None = None,
+    ) -> Outcome:
         attempts = 0
         while True:
             outcome = await self._attempt(request)
@@ -540,6 +545,17 @@ ROWS = [
         subscriber=(abandoned(),),
         binding=config(OWN_DLX),
         action=Action.LEAVE,
+    ),
+    Row(
+        "held-in-an-open-breaker-too-long-requeued-not-dead-lettered",
+        subscriber=(Outcome(Result.RETURNED, Response(503, b"down"), 2),),
+        binding=config(SINK_AND_EXCHANGE),
+        action=Action.REQUEUE,
+        outcome="requeued",
+        status=503,
+        attempts=2,
+        reason="circuit breaker open: given back to the queue unsent",
+        settled_after=False,
     ),
     Row(
         "internal-error-dead-lettered-with-reason",

@@ -1,0 +1,281 @@
+"""Issue 24: a failing subscriber protected instead of emptied into the dead-letter path.
+
+A real subscriber that goes down (503s, or hangs) on a disposable broker node:
+with a circuit breaker the events wait in the queue (or unacked, their retries
+unspent) and are delivered once it is back, none dead-lettered, none twice;
+half open, exactly one request per probe; a healthy subscriber's 400s never
+open it; the rate limit holds; shutdown while open is bounded; the state
+survives a channel rebuild.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from tests.support.broker import publish_events, queue_depth, wait_until
+from tests.support.node import RabbitNode
+from tests.support.subscriber import Received, Reply
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(240)]
+
+OPEN, HALF_OPEN = 1, 2
+
+
+class Outage:
+    """A subscriber that answers ``down`` while ``on`` is set, 200 otherwise, and
+    remembers which events it accepted (and in which order)."""
+
+    def __init__(self, down: Reply) -> None:
+        self.on = threading.Event()
+        self.down = down
+        self.accepted: list[str] = []
+        self.requests_while_down = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Received, _i: int) -> Reply:
+        with self._lock:
+            if self.on.is_set():
+                self.requests_while_down += 1
+                return self.down
+            self.accepted.append(request.headers.get("ce-id", ""))
+            return Reply(200)
+
+
+def outage_binding(sink_url: str, **breaker: object) -> dict[str, object]:
+    binding: dict[str, object] = {
+        "parallelism": 10,
+        "delivery": {
+            "retry": 3,
+            "backoff_policy": "exponential",
+            "backoff_delay": "500ms",
+            "backoff_max": "5s",
+            "timeout": "1s",
+        },
+        "dead_letter": {"sink": sink_url},
+    }
+    if breaker:
+        binding["circuit_breaker"] = breaker
+    return binding
+
+
+SCENARIO_BREAKER = {"min_attempts": 10, "failure_ratio": 0.5, "window": "3s", "open_for": "2s"}
+
+
+def run_outage(node: RabbitNode, make_subscriber, run_service, breaker: bool) -> tuple:
+    """1,000 events published over 60 s; the subscriber answers 503 from 10 s to 50 s."""
+    outage = Outage(Reply(503))
+    sub = make_subscriber(outage)
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    keys = SCENARIO_BREAKER if breaker else {}
+    svc = run_service(sub.url, url=node.url, **outage_binding(sink.url, **keys))
+    ids = [f"o-{i:04d}" for i in range(1000)]
+    started = time.monotonic()
+
+    def publisher() -> None:
+        for n in range(0, 1000, 10):
+            publish_events(svc.queue, ids[n : n + 10], url=node.url)
+            pause = started + (n + 10) * 0.06 - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # the scenario's publish schedule, not synchronisation
+
+    publishing = threading.Thread(target=publisher)
+    publishing.start()
+    wait_until(lambda: time.monotonic() - started >= 10, 15, "the outage's start")
+    outage.on.set()
+    wait_until(lambda: time.monotonic() - started >= 50, 45, "the outage's end")
+    outage.on.clear()
+    publishing.join(30)
+    wait_until(
+        lambda: (
+            svc.events("delivered") + svc.events("dead_lettered") + svc.events("rejected") >= 1000
+        ),
+        120,
+        "every event settled",
+    )
+    wait_until(lambda: queue_depth(svc.queue, url=node.url) == 0, 30, "the queue drained")
+    return svc, outage, sink, ids
+
+
+def test_an_outage_with_the_breaker_dead_letters_nothing(node, make_subscriber, run_service):
+    svc, outage, sink, ids = run_outage(node, make_subscriber, run_service, breaker=True)
+    assert svc.events("dead_lettered") == 0 and sink.ids() == []
+    assert sorted(outage.accepted) == ids  # every event, once
+    assert svc.events("delivered") == 1000
+    assert svc.value("dispatcher_circuit_transitions_total", binding="b", to="open") >= 1
+    assert svc.value("dispatcher_circuit_state", binding="b") == 0
+    # Held, not handed back: no message went round the queue for the breaker.
+    assert svc.events("requeued") == 0
+    print(
+        f"\noutage with the breaker: {outage.requests_while_down} requests while down, "
+        f"{svc.value('dispatcher_circuit_transitions_total', binding='b', to='open'):.0f} opens"
+    )
+
+
+def test_the_same_outage_without_the_breaker_dead_letters_events(
+    node, make_subscriber, run_service
+):
+    """What the breaker saves: today's behaviour in the same scenario."""
+    svc, outage, sink, ids = run_outage(node, make_subscriber, run_service, breaker=False)
+    lettered = svc.events("dead_lettered")
+    assert lettered >= 60  # about 40 s x 10 slots / 3.5 s of retries each: ~110
+    assert sorted(outage.accepted + sink.ids()) == ids
+    print(
+        f"\noutage without the breaker: {lettered:.0f} of 1000 events dead-lettered, "
+        f"{outage.requests_while_down} requests while down"
+    )
+
+
+def test_a_hanging_subscriber_opens_the_breaker_the_same_way(node, make_subscriber, run_service):
+    outage = Outage(Reply(200, delay=5.0))  # answers after the 1 s timeout: a hang
+    sub = make_subscriber(outage)
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    svc = run_service(sub.url, url=node.url, **outage_binding(sink.url, **SCENARIO_BREAKER))
+    outage.on.set()
+    ids = [f"h-{i:03d}" for i in range(60)]
+    publish_events(svc.queue, ids, url=node.url)
+    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
+    assert svc.service.ops.readyz() == (200, {"ready": True, "paused": ["b"]})
+    outage.on.clear()
+    svc.wait_events("delivered", 60, timeout=60)
+    assert svc.events("dead_lettered") == 0
+    # A delivery that hung counts as sent; its answer came after the timeout, so
+    # the event was sent again: the hung requests are the only repeats.
+    assert sorted(set(outage.accepted)) == ids
+
+
+def test_half_open_probes_with_exactly_one_request(node, make_subscriber, run_service):
+    outage = Outage(Reply(503))
+    outage.on.set()
+    sub = make_subscriber(outage)
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    binding = outage_binding(
+        sink.url, min_attempts=5, failure_ratio=0.5, window="10s", open_for="1s", max_open="1s"
+    )
+    binding["parallelism"] = 5
+    binding["delivery"] = {"retry": 2, "backoff_delay": "100ms", "timeout": "1s"}
+    svc = run_service(sub.url, url=node.url, **binding)
+    publish_events(svc.queue, [f"p-{i:02d}" for i in range(20)], url=node.url)
+
+    def half_opens() -> float:
+        return svc.value("dispatcher_circuit_transitions_total", binding="b", to="half_open")
+
+    wait_until(lambda: half_opens() >= 4, 20, "four half-open periods")
+    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 5, "open")
+    # The five first attempts opened it; since then, one request per half-open period.
+    assert outage.requests_while_down == 5 + half_opens()
+    assert svc.events("dead_lettered") == 0 and svc.events("requeued") == 0
+    # The probes kept to the held messages: the other 15 are still in the queue.
+    assert queue_depth(svc.queue, url=node.url) == 15
+    outage.on.clear()
+    svc.wait_events("delivered", 20, timeout=20)
+    assert sorted(outage.accepted) == [f"p-{i:02d}" for i in range(20)]
+
+
+def test_400s_from_a_healthy_subscriber_never_open_it(node, make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(400))
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    binding = outage_binding(sink.url, min_attempts=5, failure_ratio=0.5, window="10s")
+    svc = run_service(sub.url, url=node.url, **binding)
+    publish_events(svc.queue, [f"f-{i:02d}" for i in range(40)], url=node.url)
+    svc.wait_events("dead_lettered", 40, timeout=20)
+    assert svc.value("dispatcher_circuit_state", binding="b") == 0
+    assert svc.value("dispatcher_circuit_transitions_total", binding="b", to="open") == 0
+
+
+def test_rate_limit_holds_against_a_fast_subscriber(node, make_subscriber, run_service):
+    sub = make_subscriber(lambda _r, _i: Reply(200))
+    svc = run_service(
+        sub.url, url=node.url, parallelism=100, delivery={"rate_limit": 50, "timeout": "30s"}
+    )
+    publish_events(svc.queue, [f"r-{i:04d}" for i in range(1100)], url=node.url)
+    sub.wait_for(1001, timeout=40)
+    times = sorted(r.at for r in sub.requests)
+    within = sum(1 for t in times if t < times[0] + 20.0)
+    assert 950 <= within <= 1050, f"{within} requests in 20 s at a limit of 50/s"
+    assert svc.value("dispatcher_rate_limited_seconds_total", binding="b") > 100
+    # No second's worth at once: any 1 s holds at most 50 (and the timers' slack).
+    assert max(sum(1 for t in times if s <= t < s + 1.0) for s in times[:200]) <= 53
+
+
+def test_shutdown_while_open_is_bounded_and_loses_nothing(node, make_subscriber, run_service):
+    outage = Outage(Reply(503))
+    outage.on.set()
+    sub = make_subscriber(outage)
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    binding = outage_binding(sink.url, min_attempts=5, failure_ratio=0.5, open_for="30s")
+    svc = run_service(sub.url, url=node.url, **binding)
+    publish_events(svc.queue, [f"s-{i:02d}" for i in range(30)], url=node.url)
+    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
+    started = time.monotonic()
+    svc.service.request_stop()
+    svc.service.shutdown()  # grace is 3 s in the fixture
+    assert time.monotonic() - started < 3 + 2 * 3.0 + 1
+    wait_until(lambda: queue_depth(svc.queue, url=node.url) == 30, 10, "all 30 back")
+    assert svc.events("dead_lettered") == 0 and sink.ids() == []
+
+
+def test_the_breaker_outlives_a_channel_rebuild(node, make_subscriber, run_service):
+    outage = Outage(Reply(503))
+    outage.on.set()
+    sub = make_subscriber(outage)
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    binding = outage_binding(sink.url, min_attempts=5, failure_ratio=0.5, open_for="3s")
+    svc = run_service(sub.url, url=node.url, **binding)
+    ids = [f"c-{i:02d}" for i in range(30)]
+    publish_events(svc.queue, ids, url=node.url)
+    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
+    supervisor = svc.service.supervisor
+    generation = supervisor.generation("b")
+    assert supervisor.close_channel("b")
+    wait_until(
+        lambda: supervisor.generation("b") > generation and supervisor.channel_ready("b"),
+        10,
+        "a new channel",
+    )
+    assert svc.value("dispatcher_circuit_state", binding="b") in (OPEN, HALF_OPEN)
+    assert supervisor.consumers() == {"b": "paused"}
+    outage.on.clear()
+    svc.wait_events("delivered", 30, timeout=30)
+    assert svc.events("dead_lettered") == 0
+    assert sorted(set(outage.accepted)) == ids
+    # The deliveries held when the channel closed were left for the redelivery.
+    assert max(Counter(outage.accepted).values()) == 1
+
+
+def test_a_message_held_too_long_goes_back_to_the_queue(node, make_subscriber, run_service):
+    outage = Outage(Reply(503))
+    outage.on.set()
+    sub = make_subscriber(outage)
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    binding = outage_binding(
+        sink.url, min_attempts=3, failure_ratio=0.5, open_for="30s", max_open="30s"
+    )
+    binding["parallelism"] = 3
+    svc = run_service(sub.url, url=node.url, **binding)
+    svc.service.breakers["b"].hold_max = 2.0
+    publish_events(svc.queue, ["g-0", "g-1", "g-2"], url=node.url)
+    svc.wait_events("requeued", 3, timeout=20)
+    assert svc.events("dead_lettered") == 0
+    # Paused: given back, not taken again while the breaker is open.
+    wait_until(lambda: queue_depth(svc.queue, url=node.url) == 3, 10, "the three in the queue")
+
+
+def test_an_ordered_binding_pauses_and_keeps_its_order(node, make_subscriber, run_service):
+    outage = Outage(Reply(503))
+    sub = make_subscriber(outage)
+    sink = make_subscriber(lambda _r, _i: Reply(200))
+    binding = outage_binding(sink.url, min_attempts=2, failure_ratio=0.5, open_for="1s")
+    binding["ordered"] = True
+    svc = run_service(sub.url, url=node.url, **binding)
+    outage.on.set()
+    ids = [f"q-{i:02d}" for i in range(15)]
+    publish_events(svc.queue, ids, url=node.url)
+    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
+    outage.on.clear()
+    svc.wait_events("delivered", 15, timeout=30)
+    assert outage.accepted == ids
+    assert svc.events("dead_lettered") == 0
