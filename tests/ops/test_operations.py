@@ -363,7 +363,8 @@ def test_readyz_is_503_during_shutdown(make_subscriber, run_service):
 
 
 def test_dashboard_and_rules_only_use_exported_metrics(queue, make_subscriber, processes, tmp_path):
-    proc = processes(config(queue, make_subscriber().url), tmp_path)
+    # With a breaker: its series exist only for bindings that have one.
+    proc = processes(config(queue, make_subscriber().url, circuit_breaker={}), tmp_path)
     proc.wait_for("consumer attached")
     exported = {
         s.name for f in text_string_to_metric_families(proc.get("/metrics")[2]) for s in f.samples
@@ -384,6 +385,8 @@ def test_dashboard_and_rules_only_use_exported_metrics(queue, make_subscriber, p
         "dispatcher_consumer_up",
         "dispatcher_reconnects_total",
         "dispatcher_stale_acks_total",
+        "dispatcher_circuit_state",
+        "dispatcher_rate_limited_seconds_total",
     ):
         assert wanted in used, f"the dashboard does not show {wanted}"
 
