@@ -81,11 +81,13 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,pipeline,bench]'
 	touch $@
 
-# The service suite (W1-W7, tests/bench/run.py), what one HTTP request costs in
+# The service suite (W1-W7, tests/bench/run.py), a subscriber outage with and
+# without the circuit breaker (W8, tests/bench/outage.py), what one HTTP request costs in
 # each engine (the README's "Why libcurl"), what a filter costs per event, then
 # the batch side.
 bench: $(VENV)/.bench-installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
+	$(PY) tests/bench/outage.py
 	$(PY) tests/bench/http_engines.py
 	$(PY) tests/bench/filter_cost.py
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)

@@ -9,7 +9,9 @@ bodies. Each POST is answered ``--delay`` seconds after its head arrived (a
 ``call_later``; W3's slow subscriber) and, with ``--log``, recorded as one line
 ``<arrival epoch> <ce-id> <ce-benchpublished or ->`` through a buffer flushed
 every 50 ms. ``--status 400`` answers every POST with that status instead (W7's
-dead-letter storm). ``GET /stats`` returns ``received duplicates``.
+dead-letter storm). ``GET /stats`` returns ``received duplicates``. SIGUSR1
+takes it down (every POST answered 503 at once and not recorded: W8's outage),
+SIGUSR2 brings it back.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class Stats:
             self.log.write(f"{arrived:.6f} {key.decode()} {stamp}\n")
 
 
+DOWN: list[bool] = [False]  # SIGUSR1 / SIGUSR2
+UNAVAILABLE = response(503)
+
+
 class Subscriber(asyncio.Protocol):
     def __init__(self, stats: Stats, delay: float, answer: bytes) -> None:
         self.stats = stats
@@ -82,6 +88,9 @@ class Subscriber(asyncio.Protocol):
             body = f"{self.stats.received} {self.stats.duplicates}".encode()
             self.send(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
             return
+        if DOWN[0]:
+            self.send(UNAVAILABLE)
+            return
         self.stats.record(arrived, head)
         if self.delay:
             self.loop.call_later(self.delay, self.send, self.answer)
@@ -106,6 +115,8 @@ async def main(port: int, delay: float, status: int, log: IO[str] | None) -> Non
     server = await loop.create_server(
         lambda: Subscriber(stats, delay, answer), "127.0.0.1", port, backlog=4096
     )
+    loop.add_signal_handler(signal.SIGUSR1, DOWN.__setitem__, 0, True)
+    loop.add_signal_handler(signal.SIGUSR2, DOWN.__setitem__, 0, False)
     print(server.sockets[0].getsockname()[1], flush=True)
     if log is not None:
         flush_periodically(loop, log)
