@@ -186,12 +186,26 @@ def test_400s_from_a_healthy_subscriber_never_open_it(node, make_subscriber, run
     assert svc.value("dispatcher_circuit_transitions_total", binding="b", to="open") == 0
 
 
+def service_threads() -> list[str]:
+    """This process's threads but the test subscribers' (one per connection)."""
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if "process_request_thread" not in t.name and "serve_forever" not in t.name
+    )
+
+
 def test_rate_limit_holds_against_a_fast_subscriber(node, make_subscriber, run_service):
     sub = make_subscriber(lambda _r, _i: Reply(200))
     svc = run_service(
         sub.url, url=node.url, parallelism=100, delivery={"rate_limit": 50, "timeout": "30s"}
     )
+    before = service_threads()
     publish_events(svc.queue, [f"r-{i:04d}" for i in range(1100)], url=node.url)
+    sub.wait_for(300, timeout=40)
+    # 100 deliveries in flight, most of them waiting for a slot: no thread for that.
+    assert svc.value("dispatcher_inflight", binding="b") == 100
+    assert service_threads() == before
     sub.wait_for(1001, timeout=40)
     times = sorted(r.at for r in sub.requests)
     within = sum(1 for t in times if t < times[0] + 20.0)
@@ -218,7 +232,9 @@ def test_shutdown_while_open_is_bounded_and_loses_nothing(node, make_subscriber,
     assert svc.events("dead_lettered") == 0 and sink.ids() == []
 
 
-def test_the_breaker_outlives_a_channel_rebuild(node, make_subscriber, run_service):
+def test_the_breaker_outlives_a_channel_and_a_connection_rebuild(
+    node, make_subscriber, run_service
+):
     outage = Outage(Reply(503))
     outage.on.set()
     sub = make_subscriber(outage)
@@ -235,6 +251,18 @@ def test_the_breaker_outlives_a_channel_rebuild(node, make_subscriber, run_servi
         lambda: supervisor.generation("b") > generation and supervisor.channel_ready("b"),
         10,
         "a new channel",
+    )
+    assert svc.value("dispatcher_circuit_state", binding="b") in (OPEN, HALF_OPEN)
+    assert supervisor.consumers() == {"b": "paused"}
+    # And a whole connection: the broker closes it, the supervisor builds another.
+    node.close_all_connections()
+    wait_until(
+        lambda: (
+            svc.value("dispatcher_reconnects_total", reason="closed_by_broker") >= 1
+            and supervisor.channel_ready("b")
+        ),
+        20,
+        "a new connection",
     )
     assert svc.value("dispatcher_circuit_state", binding="b") in (OPEN, HALF_OPEN)
     assert supervisor.consumers() == {"b": "paused"}

@@ -7,10 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 
-from dispatcher.breaker import PASS, PROBE, CircuitBreaker, CircuitState
+from dispatcher.breaker import PASS, PROBE, CircuitBreaker, CircuitState, reported
 from dispatcher.config import CircuitBreakerSettings
 from dispatcher.loop import Future, Loop
+from dispatcher.metrics import Metrics
 from dispatcher.rate_limit import RateLimit
 from dispatcher.waits import Waits
 
@@ -197,6 +199,40 @@ def test_the_window_is_kept_in_bounded_memory(h: Harness) -> None:
         h.clock.now += 0.05  # 100 s of attempts, 20 per second
     assert len(h.breaker._buckets) <= 21
     assert h.breaker._attempts <= 10 / 0.05 + 20
+
+
+def test_a_transition_is_one_circuit_line_a_state_and_a_count() -> None:
+    metrics = Metrics()
+    metrics.register_breaker("orders", 300.0, lambda: 0.0)
+    transition = reported("orders", metrics.binding("orders"))
+    with structlog.testing.capture_logs() as logged:
+        transition(CircuitState.CLOSED, CircuitState.OPEN, 12, 20)
+        transition(CircuitState.OPEN, CircuitState.HALF_OPEN, 12, 20)
+    assert logged == [
+        {
+            "event": "circuit",
+            "binding": "orders",
+            "from": "closed",
+            "to": "open",
+            "failures": 12,
+            "attempts": 20,
+            "log_level": "warning",
+        },
+        {
+            "event": "circuit",
+            "binding": "orders",
+            "from": "open",
+            "to": "half_open",
+            "failures": 12,
+            "attempts": 20,
+            "log_level": "info",
+        },
+    ]
+    assert metrics.value("dispatcher_circuit_state", {"binding": "orders"}) == 2
+    for to, count in (("open", 1), ("half_open", 1), ("closed", 0)):
+        labels = {"binding": "orders", "to": to}
+        assert metrics.value("dispatcher_circuit_transitions_total", labels) == count
+    assert metrics.value("dispatcher_circuit_max_open_seconds", {"binding": "orders"}) == 300
 
 
 # ----------------------------------------------------------------------------- rate limit
