@@ -148,7 +148,7 @@ def table(runs: list[Run], outage: float) -> str:
         f"{runs[0].events:,} events pre-loaded, parallelism 100, asyncio subscriber (202), "
         f"down (503) for {outage:.0f} s once a quarter of the events arrived; "
         "`dead_letter.exchange` set; delivery defaults (retry 5, backoff from 200 ms). "
-        f"Breaker: `{BREAKER}`.",
+        f"Breaker: `{{{', '.join(f'{k}: {v}' for k, v in BREAKER.items())}}}`.",
         "",
         "| run | dead-lettered | duplicates | msg/s before the outage | first delivery after "
         "the return | backlog | backlog drained at | vs before |",

@@ -13,6 +13,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -23,6 +26,7 @@ from tests.support.subscriber import Received, Reply
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(240)]
 
 OPEN, HALF_OPEN = 1, 2
+UNAVAILABLE = Reply(503)
 
 
 class Outage:
@@ -45,39 +49,77 @@ class Outage:
             return Reply(200)
 
 
-def outage_binding(sink_url: str, **breaker: object) -> dict[str, object]:
-    binding: dict[str, object] = {
-        "parallelism": 10,
-        "delivery": {
-            "retry": 3,
-            "backoff_policy": "exponential",
-            "backoff_delay": "500ms",
-            "backoff_max": "5s",
-            "timeout": "1s",
-        },
-        "dead_letter": {"sink": sink_url},
-    }
-    if breaker:
-        binding["circuit_breaker"] = breaker
-    return binding
+@dataclass
+class Scene:
+    """A service on the disposable node, its subscriber's outage and its dead-letter sink."""
+
+    svc: Any
+    outage: Outage
+    sink: Any
+    node: RabbitNode
+
+    def publish(self, ids: list[str]) -> None:
+        publish_events(self.svc.queue, ids, url=self.node.url)
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.svc.value(name, binding="b", **labels)
+
+    def wait_state(self, state: int, timeout: float = 20) -> None:
+        wait_until(lambda: self.value("dispatcher_circuit_state") == state, timeout, f"{state}")
+
+    def depth(self) -> int:
+        return queue_depth(self.svc.queue, url=self.node.url)
+
+
+@pytest.fixture
+def scene(node: RabbitNode, make_subscriber, run_service) -> Callable[..., Scene]:
+    """``scene(breaker, **binding)``: parallelism 10, retry 3 from 500 ms, timeout 1 s,
+    a dead-letter sink; the subscriber down (``down``) from the start unless
+    ``down_now`` is False; ``breaker`` None for none."""
+
+    def start(
+        breaker: dict[str, object] | None,
+        down: Reply = UNAVAILABLE,
+        down_now: bool = True,
+        **binding: object,
+    ) -> Scene:
+        outage = Outage(down)
+        if down_now:
+            outage.on.set()
+        sub = make_subscriber(outage)
+        sink = make_subscriber(lambda _r, _i: Reply(200))
+        config: dict[str, object] = {
+            "parallelism": 10,
+            "delivery": {
+                "retry": 3,
+                "backoff_policy": "exponential",
+                "backoff_delay": "500ms",
+                "backoff_max": "5s",
+                "timeout": "1s",
+            },
+            "dead_letter": {"sink": sink.url},
+        }
+        if breaker is not None:
+            config["circuit_breaker"] = breaker
+        config.update(binding)
+        return Scene(run_service(sub.url, url=node.url, **config), outage, sink, node)
+
+    return start
 
 
 SCENARIO_BREAKER = {"min_attempts": 10, "failure_ratio": 0.5, "window": "3s", "open_for": "2s"}
 
 
-def run_outage(node: RabbitNode, make_subscriber, run_service, breaker: bool) -> tuple:
+def run_outage(scene: Callable[..., Scene], breaker: dict[str, object] | None) -> Scene:
     """1,000 events published over 60 s; the subscriber answers 503 from 10 s to 50 s."""
-    outage = Outage(Reply(503))
-    sub = make_subscriber(outage)
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    keys = SCENARIO_BREAKER if breaker else {}
-    svc = run_service(sub.url, url=node.url, **outage_binding(sink.url, **keys))
-    ids = [f"o-{i:04d}" for i in range(1000)]
+    s = scene(breaker, down_now=False)
+    svc, outage = s.svc, s.outage
+    ids = OUTAGE_IDS
     started = time.monotonic()
 
     def publisher() -> None:
         for n in range(0, 1000, 10):
-            publish_events(svc.queue, ids[n : n + 10], url=node.url)
+            s.publish(ids[n : n + 10])
             pause = started + (n + 10) * 0.06 - time.monotonic()
             if pause > 0:
                 time.sleep(pause)  # the scenario's publish schedule, not synchronisation
@@ -96,12 +138,16 @@ def run_outage(node: RabbitNode, make_subscriber, run_service, breaker: bool) ->
         120,
         "every event settled",
     )
-    wait_until(lambda: queue_depth(svc.queue, url=node.url) == 0, 30, "the queue drained")
-    return svc, outage, sink, ids
+    wait_until(lambda: s.depth() == 0, 30, "the queue drained")
+    return s
 
 
-def test_an_outage_with_the_breaker_dead_letters_nothing(node, make_subscriber, run_service):
-    svc, outage, sink, ids = run_outage(node, make_subscriber, run_service, breaker=True)
+OUTAGE_IDS = [f"o-{i:04d}" for i in range(1000)]
+
+
+def test_an_outage_with_the_breaker_dead_letters_nothing(scene):
+    s = run_outage(scene, SCENARIO_BREAKER)
+    svc, outage, sink, ids = s.svc, s.outage, s.sink, OUTAGE_IDS
     assert svc.events("dead_lettered") == 0 and sink.ids() == []
     assert sorted(outage.accepted) == ids  # every event, once
     assert svc.events("delivered") == 1000
@@ -115,11 +161,10 @@ def test_an_outage_with_the_breaker_dead_letters_nothing(node, make_subscriber, 
     )
 
 
-def test_the_same_outage_without_the_breaker_dead_letters_events(
-    node, make_subscriber, run_service
-):
+def test_the_same_outage_without_the_breaker_dead_letters_events(scene):
     """What the breaker saves: today's behaviour in the same scenario."""
-    svc, outage, sink, ids = run_outage(node, make_subscriber, run_service, breaker=False)
+    s = run_outage(scene, None)
+    svc, outage, sink, ids = s.svc, s.outage, s.sink, OUTAGE_IDS
     lettered = svc.events("dead_lettered")
     assert lettered >= 60  # about 40 s x 10 slots / 3.5 s of retries each: ~110
     assert sorted(outage.accepted + sink.ids()) == ids
@@ -129,61 +174,47 @@ def test_the_same_outage_without_the_breaker_dead_letters_events(
     )
 
 
-def test_a_hanging_subscriber_opens_the_breaker_the_same_way(node, make_subscriber, run_service):
-    outage = Outage(Reply(200, delay=5.0))  # answers after the 1 s timeout: a hang
-    sub = make_subscriber(outage)
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    svc = run_service(sub.url, url=node.url, **outage_binding(sink.url, **SCENARIO_BREAKER))
-    outage.on.set()
+def test_a_hanging_subscriber_opens_the_breaker_the_same_way(scene):
+    s = scene(SCENARIO_BREAKER, down=Reply(200, delay=5.0))  # answers after the 1 s timeout
     ids = [f"h-{i:03d}" for i in range(60)]
-    publish_events(svc.queue, ids, url=node.url)
-    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
-    assert svc.service.ops.readyz() == (200, {"ready": True, "paused": ["b"]})
-    outage.on.clear()
-    svc.wait_events("delivered", 60, timeout=60)
-    assert svc.events("dead_lettered") == 0
-    # A delivery that hung counts as sent; its answer came after the timeout, so
-    # the event was sent again: the hung requests are the only repeats.
-    assert sorted(set(outage.accepted)) == ids
+    s.publish(ids)
+    s.wait_state(OPEN)
+    assert s.svc.service.ops.readyz() == (200, {"ready": True, "paused": ["b"]})
+    s.outage.on.clear()
+    s.svc.wait_events("delivered", 60, timeout=60)
+    assert s.svc.events("dead_lettered") == 0
+    # The hung attempts were answered after their timeout, so those events were
+    # sent again: only the 2xx after the outage count, each event among them.
+    assert sorted(set(s.outage.accepted)) == ids
 
 
-def test_half_open_probes_with_exactly_one_request(node, make_subscriber, run_service):
-    outage = Outage(Reply(503))
-    outage.on.set()
-    sub = make_subscriber(outage)
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    binding = outage_binding(
-        sink.url, min_attempts=5, failure_ratio=0.5, window="10s", open_for="1s", max_open="1s"
-    )
-    binding["parallelism"] = 5
-    binding["delivery"] = {"retry": 2, "backoff_delay": "100ms", "timeout": "1s"}
-    svc = run_service(sub.url, url=node.url, **binding)
-    publish_events(svc.queue, [f"p-{i:02d}" for i in range(20)], url=node.url)
+def test_half_open_probes_with_exactly_one_request(scene):
+    breaker = {"min_attempts": 5, "window": "10s", "open_for": "1s", "max_open": "1s"}
+    delivery = {"retry": 2, "backoff_delay": "100ms", "timeout": "1s"}
+    s = scene(breaker, parallelism=5, delivery=delivery)
+    s.publish([f"p-{i:02d}" for i in range(20)])
 
     def half_opens() -> float:
-        return svc.value("dispatcher_circuit_transitions_total", binding="b", to="half_open")
+        return s.value("dispatcher_circuit_transitions_total", to="half_open")
 
     wait_until(lambda: half_opens() >= 4, 20, "four half-open periods")
-    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 5, "open")
+    s.wait_state(OPEN, 5)
     # The five first attempts opened it; since then, one request per half-open period.
-    assert outage.requests_while_down == 5 + half_opens()
-    assert svc.events("dead_lettered") == 0 and svc.events("requeued") == 0
+    assert s.outage.requests_while_down == 5 + half_opens()
+    assert s.svc.events("dead_lettered") == 0 and s.svc.events("requeued") == 0
     # The probes kept to the held messages: the other 15 are still in the queue.
-    assert queue_depth(svc.queue, url=node.url) == 15
-    outage.on.clear()
-    svc.wait_events("delivered", 20, timeout=20)
-    assert sorted(outage.accepted) == [f"p-{i:02d}" for i in range(20)]
+    assert s.depth() == 15
+    s.outage.on.clear()
+    s.svc.wait_events("delivered", 20, timeout=20)
+    assert sorted(s.outage.accepted) == [f"p-{i:02d}" for i in range(20)]
 
 
-def test_400s_from_a_healthy_subscriber_never_open_it(node, make_subscriber, run_service):
-    sub = make_subscriber(lambda _r, _i: Reply(400))
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    binding = outage_binding(sink.url, min_attempts=5, failure_ratio=0.5, window="10s")
-    svc = run_service(sub.url, url=node.url, **binding)
-    publish_events(svc.queue, [f"f-{i:02d}" for i in range(40)], url=node.url)
-    svc.wait_events("dead_lettered", 40, timeout=20)
-    assert svc.value("dispatcher_circuit_state", binding="b") == 0
-    assert svc.value("dispatcher_circuit_transitions_total", binding="b", to="open") == 0
+def test_400s_from_a_healthy_subscriber_never_open_it(scene):
+    s = scene({"min_attempts": 5, "window": "10s"}, down=Reply(400))
+    s.publish([f"f-{i:02d}" for i in range(40)])
+    s.svc.wait_events("dead_lettered", 40, timeout=20)
+    assert s.value("dispatcher_circuit_state") == 0
+    assert s.value("dispatcher_circuit_transitions_total", to="open") == 0
 
 
 def service_threads() -> list[str]:
@@ -215,36 +246,24 @@ def test_rate_limit_holds_against_a_fast_subscriber(node, make_subscriber, run_s
     assert max(sum(1 for t in times if s <= t < s + 1.0) for s in times[:200]) <= 53
 
 
-def test_shutdown_while_open_is_bounded_and_loses_nothing(node, make_subscriber, run_service):
-    outage = Outage(Reply(503))
-    outage.on.set()
-    sub = make_subscriber(outage)
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    binding = outage_binding(sink.url, min_attempts=5, failure_ratio=0.5, open_for="30s")
-    svc = run_service(sub.url, url=node.url, **binding)
-    publish_events(svc.queue, [f"s-{i:02d}" for i in range(30)], url=node.url)
-    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
+def test_shutdown_while_open_is_bounded_and_loses_nothing(scene):
+    s = scene({"min_attempts": 5, "open_for": "30s"})
+    s.publish([f"s-{i:02d}" for i in range(30)])
+    s.wait_state(OPEN)
     started = time.monotonic()
-    svc.service.request_stop()
-    svc.service.shutdown()  # grace is 3 s in the fixture
+    s.svc.service.request_stop()
+    s.svc.service.shutdown()  # grace is 3 s in the fixture
     assert time.monotonic() - started < 3 + 2 * 3.0 + 1
-    wait_until(lambda: queue_depth(svc.queue, url=node.url) == 30, 10, "all 30 back")
-    assert svc.events("dead_lettered") == 0 and sink.ids() == []
+    wait_until(lambda: s.depth() == 30, 10, "all 30 back")
+    assert s.svc.events("dead_lettered") == 0 and s.sink.ids() == []
 
 
-def test_the_breaker_outlives_a_channel_and_a_connection_rebuild(
-    node, make_subscriber, run_service
-):
-    outage = Outage(Reply(503))
-    outage.on.set()
-    sub = make_subscriber(outage)
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    binding = outage_binding(sink.url, min_attempts=5, failure_ratio=0.5, open_for="3s")
-    svc = run_service(sub.url, url=node.url, **binding)
+def test_the_breaker_outlives_a_channel_and_a_connection_rebuild(scene):
+    s = scene({"min_attempts": 5, "open_for": "3s"})
     ids = [f"c-{i:02d}" for i in range(30)]
-    publish_events(svc.queue, ids, url=node.url)
-    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
-    supervisor = svc.service.supervisor
+    s.publish(ids)
+    s.wait_state(OPEN)
+    supervisor = s.svc.service.supervisor
     generation = supervisor.generation("b")
     assert supervisor.close_channel("b")
     wait_until(
@@ -252,58 +271,44 @@ def test_the_breaker_outlives_a_channel_and_a_connection_rebuild(
         10,
         "a new channel",
     )
-    assert svc.value("dispatcher_circuit_state", binding="b") in (OPEN, HALF_OPEN)
+    assert s.value("dispatcher_circuit_state") in (OPEN, HALF_OPEN)
     assert supervisor.consumers() == {"b": "paused"}
     # And a whole connection: the broker closes it, the supervisor builds another.
-    node.close_all_connections()
+    s.node.close_all_connections()
     wait_until(
         lambda: (
-            svc.value("dispatcher_reconnects_total", reason="closed_by_broker") >= 1
+            s.svc.value("dispatcher_reconnects_total", reason="closed_by_broker") >= 1
             and supervisor.channel_ready("b")
         ),
         20,
         "a new connection",
     )
-    assert svc.value("dispatcher_circuit_state", binding="b") in (OPEN, HALF_OPEN)
+    assert s.value("dispatcher_circuit_state") in (OPEN, HALF_OPEN)
     assert supervisor.consumers() == {"b": "paused"}
-    outage.on.clear()
-    svc.wait_events("delivered", 30, timeout=30)
-    assert svc.events("dead_lettered") == 0
-    assert sorted(set(outage.accepted)) == ids
+    s.outage.on.clear()
+    s.svc.wait_events("delivered", 30, timeout=30)
+    assert s.svc.events("dead_lettered") == 0
+    assert sorted(set(s.outage.accepted)) == ids
     # The deliveries held when the channel closed were left for the redelivery.
-    assert max(Counter(outage.accepted).values()) == 1
+    assert max(Counter(s.outage.accepted).values()) == 1
 
 
-def test_a_message_held_too_long_goes_back_to_the_queue(node, make_subscriber, run_service):
-    outage = Outage(Reply(503))
-    outage.on.set()
-    sub = make_subscriber(outage)
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    binding = outage_binding(
-        sink.url, min_attempts=3, failure_ratio=0.5, open_for="30s", max_open="30s"
-    )
-    binding["parallelism"] = 3
-    svc = run_service(sub.url, url=node.url, **binding)
-    svc.service.breakers["b"].hold_max = 2.0
-    publish_events(svc.queue, ["g-0", "g-1", "g-2"], url=node.url)
-    svc.wait_events("requeued", 3, timeout=20)
-    assert svc.events("dead_lettered") == 0
+def test_a_message_held_too_long_goes_back_to_the_queue(scene):
+    s = scene({"min_attempts": 3, "open_for": "30s", "max_open": "30s"}, parallelism=3)
+    s.svc.service.breakers["b"].hold_max = 2.0
+    s.publish(["g-0", "g-1", "g-2"])
+    s.svc.wait_events("requeued", 3, timeout=20)
+    assert s.svc.events("dead_lettered") == 0
     # Paused: given back, not taken again while the breaker is open.
-    wait_until(lambda: queue_depth(svc.queue, url=node.url) == 3, 10, "the three in the queue")
+    wait_until(lambda: s.depth() == 3, 10, "the three in the queue")
 
 
-def test_an_ordered_binding_pauses_and_keeps_its_order(node, make_subscriber, run_service):
-    outage = Outage(Reply(503))
-    sub = make_subscriber(outage)
-    sink = make_subscriber(lambda _r, _i: Reply(200))
-    binding = outage_binding(sink.url, min_attempts=2, failure_ratio=0.5, open_for="1s")
-    binding["ordered"] = True
-    svc = run_service(sub.url, url=node.url, **binding)
-    outage.on.set()
+def test_an_ordered_binding_pauses_and_keeps_its_order(scene):
+    s = scene({"min_attempts": 2, "open_for": "1s"}, ordered=True)
     ids = [f"q-{i:02d}" for i in range(15)]
-    publish_events(svc.queue, ids, url=node.url)
-    wait_until(lambda: svc.value("dispatcher_circuit_state", binding="b") == OPEN, 20, "open")
-    outage.on.clear()
-    svc.wait_events("delivered", 15, timeout=30)
-    assert outage.accepted == ids
-    assert svc.events("dead_lettered") == 0
+    s.publish(ids)
+    s.wait_state(OPEN)
+    s.outage.on.clear()
+    s.svc.wait_events("delivered", 15, timeout=30)
+    assert s.outage.accepted == ids
+    assert s.svc.events("dead_lettered") == 0
