@@ -180,7 +180,7 @@ class Handler:
             return Action.LEAVE
         settled = False
         try:
-            final = await self._settle(event, problem, received)
+            final = await self._settle(event, problem, received, started)
             settled = final.outcome in ("delivered", "dead_lettered")
         finally:
             if claim is not None:
@@ -210,14 +210,16 @@ class Handler:
             return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
         return found
 
-    async def _settle(self, event: Event, problem: str | None, received: Received) -> _Final:
+    async def _settle(
+        self, event: Event, problem: str | None, received: Received, started: float
+    ) -> _Final:
         trace: Mapping[str, str] = {}
         try:
             # W3C trace context rides along to the subscriber, replies and dead letters.
             trace = http_form.trace_headers(received.message.headers)
             if problem is not None:
                 return await self._give_up(event, Failure(None, reason=problem), 0, None, trace)
-            return await self._deliver(event, trace, received.channel)
+            return await self._deliver(event, trace, received.channel, started)
         except Exception as e:
             # A bug met by this message. Requeueing would meet it again forever;
             # dead-letter it with the reason instead, so the queue moves on.
@@ -252,11 +254,11 @@ class Handler:
         return from_amqp.wrap(message, self._vhost, self._binding.queue)
 
     async def _deliver(
-        self, event: Event, trace: Mapping[str, str], channel: ChannelState
+        self, event: Event, trace: Mapping[str, str], channel: ChannelState, started: float
     ) -> _Final:
         request = http_form.to_http(event, self._binding.content_mode, trace)
         accept = partial(self._forward_reply, trace) if self._replier.enabled else None
-        outcome = await self._subscriber.send(request, accept, channel.is_open)
+        outcome = await self._subscriber.send(request, accept, channel.is_open, started)
         last, refusal = outcome.last, outcome.refusal
         if outcome.result is Result.ABANDONED:
             return _Final(Action.LEAVE, None, outcome.attempts, last.status)

@@ -138,13 +138,15 @@ class Target(Protocol):
         request: HttpRequestParts,
         accept: Accept | None = None,
         wanted: Callable[[], bool] | None = None,
+        since: float | None = None,
     ) -> Awaitable[Outcome]:
         """Attempts until a 2xx that ``accept`` accepts, a failure that is not
         retried, the last retry or the deadline. A 2xx that ``accept`` refuses
         with ``retry`` is a failed attempt like a 503: the same event is sent again
         after a backoff, within the same retry budget. ``wanted``: asked after a
-        wait in an open circuit breaker; False (the message's channel is gone)
-        ends the delivery as ``ABANDONED``."""
+        wait for the circuit breaker or the rate limit; False (the message's
+        channel is gone) ends the delivery as ``ABANDONED``. ``since``: when the
+        delivery began (a hold in the breaker is bounded from then)."""
         ...
 
     def deadline_seconds(self) -> float:

@@ -103,8 +103,11 @@ class Consumer:
         self._running = 0  # of those held, the ones handed over to a delivery
         self._waiting: deque[Received] = deque()  # held, not handed over yet (this channel's)
         self._starting = False  # ``_start_waiting`` is on the stack
-        # Pausing (circuit open): consumers cancelled, cancel-oks still to come.
-        self._cancelling = 0
+        # Pausing (circuit open): consumers being cancelled one after the other
+        # (pika runs a CancelOk callback for any consumer's CancelOk).
+        self._pausing = False
+        self._to_cancel: list[str] = []
+        self._setting_up = 0  # prefetch given to consumers not confirmed yet
         self._last_tag = 0  # the latest delivery tag of this channel
         # This channel's messages below this tag came to consumers since cancelled:
         # held, but no longer counted in ``_current`` (no prefetch covers them).
@@ -152,7 +155,8 @@ class Consumer:
         self.channel, self.generation, self.consumer_tags = channel, generation, []
         self.state = ChannelState()
         self.ready, self._prefetch, self._current = False, 0, 0
-        self._cancelling, self._last_tag, self._watermark = 0, 0, 0
+        self._pausing, self._to_cancel, self._setting_up = False, [], 0
+        self._last_tag, self._watermark = 0, 0
         channel.add_on_close_callback(partial(self._on_channel_closed, generation))
         channel.add_on_cancel_callback(partial(self._on_cancelled, generation))
         declare = self.settings.declare
@@ -223,7 +227,8 @@ class Consumer:
         self._held -= len(self._waiting)
         self._waiting.clear()
         self.ready, self._prefetch, self._current = False, 0, 0
-        self._cancelling, self._last_tag, self._watermark = 0, 0, 0
+        self._pausing, self._to_cancel, self._setting_up = False, [], 0
+        self._last_tag, self._watermark = 0, 0
         self._shared.metrics.consumer_up.labels(self.name).set(0)
         if was_consuming:
             log.info("consumer detached", binding=self.name)
@@ -243,7 +248,7 @@ class Consumer:
         channel = self.channel
         if not self.ready or channel is None or not channel.is_open:
             return
-        if self._shared.stopping() or self._cancelling:
+        if self._shared.stopping() or self._pausing:
             return
         if self._paused():
             self._take_probe()
@@ -259,27 +264,29 @@ class Consumer:
         """A consumer with prefetch ``room`` on the current channel."""
         channel = self.channel
         self._prefetch += room
+        self._setting_up += room
         generation = self.generation
         # Per consumer (global_qos=False): a global qos on a quorum queue closes
         # the connection. ordered: workers is 1, which keeps queue order,
         # retries included.
         channel.basic_qos(
             prefetch_count=room,
-            callback=lambda _frame: self._consume(channel, generation),
+            callback=lambda _frame: self._consume(channel, generation, room),
         )
 
-    def _consume(self, channel: Any, generation: int) -> None:
+    def _consume(self, channel: Any, generation: int, room: int) -> None:
         if self._shared.stopping() or generation != self.generation:
             return  # shutdown, or the channel went while this consumer was being set up
         channel.basic_consume(
             self.settings.queue,
             on_message_callback=partial(self._on_message, generation),
-            callback=lambda frame: self._on_consuming(generation, frame.method.consumer_tag),
+            callback=lambda frame: self._on_consuming(generation, frame.method.consumer_tag, room),
         )
 
-    def _on_consuming(self, generation: int, tag: str) -> None:
+    def _on_consuming(self, generation: int, tag: str, room: int) -> None:
         if generation != self.generation:
             return
+        self._setting_up -= room
         self.consumer_tags.append(tag)
         if self._breaker is not None and self._breaker.state is CircuitState.OPEN:
             self._pause()  # it opened while this consumer was being set up
@@ -420,26 +427,59 @@ class Consumer:
             self._start_waiting()
 
     def _pause(self) -> None:
-        """Cancel every consumer: the broker sends nothing more until we resume."""
+        """Cancel every consumer: the broker sends nothing more until we resume.
+        Messages waiting for a slot go back to the queue now: while the breaker
+        is open none of them would start, and held unacked they would reach the
+        broker's consumer_timeout (and stay out of other replicas' reach)."""
         channel = self.channel
         tags, self.consumer_tags = self.consumer_tags, []
-        if channel is None or not channel.is_open or not tags:
+        if channel is None or not channel.is_open:
             return
-        self._cancelling += len(tags)
-        for tag in tags:
-            channel.basic_cancel(tag, callback=partial(self._on_cancel_ok, self.generation))
+        self._give_back_waiting(channel)
+        if not tags:
+            return
+        self._to_cancel.extend(tags)
         self._shared.metrics.consumer_up.labels(self.name).set(0)
         log.info("consumer paused: circuit open", binding=self.name)
+        if not self._pausing:
+            self._pausing = True
+            self._cancel_next(self.generation, None)
 
-    def _on_cancel_ok(self, generation: int, _frame: Any) -> None:
-        if generation != self.generation or not self._cancelling:
+    def _give_back_waiting(self, channel: Any) -> None:
+        waiting, self._waiting = self._waiting, deque()
+        for received in waiting:
+            self._held -= 1
+            if received.tag >= self._watermark:
+                self._current -= 1
+            try:
+                channel.basic_nack(received.tag, multiple=False, requeue=True)
+            except pika.exceptions.AMQPError:
+                self._count_stale()
+        if waiting:
+            log.info(
+                "circuit open: waiting messages given back", binding=self.name, count=len(waiting)
+            )
+
+    def _cancel_next(self, generation: int, _frame: Any) -> None:
+        """One cancel at a time: pika calls a CancelOk callback for whichever
+        consumer's CancelOk comes first, so each is registered only once the one
+        before it is answered."""
+        if generation != self.generation or not self._pausing:
             return
-        self._cancelling -= 1
-        if self._cancelling:
+        channel = self.channel
+        if self._to_cancel and channel is not None and channel.is_open:
+            channel.basic_cancel(
+                self._to_cancel.pop(), callback=partial(self._cancel_next, generation)
+            )
             return
-        # No consumer left on this channel: what it holds is covered by none.
+        self._pausing = False
+        # No consumer left on this channel but those still being set up: what it
+        # holds is covered by no prefetch.
         self._watermark = self._last_tag + 1
-        self._current, self._prefetch = 0, 0
+        self._current, self._prefetch = 0, self._setting_up
+        still_open = self._breaker is not None and self._breaker.state is CircuitState.OPEN
+        if still_open and channel is not None and channel.is_open:
+            self._give_back_waiting(channel)  # those that came before the CancelOk
         self.fill()  # the breaker may have moved on meanwhile
 
     def _take_probe(self) -> None:

@@ -124,6 +124,10 @@ class Supervisor:
         new channel has a higher one, and verdicts of an older one are stale."""
         return self._bindings[binding].generation
 
+    def waiting(self, binding: str) -> int:
+        """``binding``'s messages held for a free slot (``prefetch`` above ``parallelism``)."""
+        return self._bindings[binding].waiting
+
     def channel_ready(self, binding: str) -> bool:
         """``binding``'s channel is open and set up (queue declared): it consumes,
         or waits for room to."""

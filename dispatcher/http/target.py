@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Final
 
 from dispatcher.bearer import BearerToken
-from dispatcher.breaker import PASS, CircuitBreaker, Pass
+from dispatcher.breaker import PASS, CircuitBreaker, CircuitState, Pass
 from dispatcher.config import DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import HttpClient, Reading, request_headers
@@ -95,6 +95,7 @@ class HttpTarget:
         request: HttpRequestParts,
         accept: Accept | None = None,
         wanted: Callable[[], bool] | None = None,
+        since: float | None = None,
     ) -> Outcome:
         # Built once: every attempt sends the same, but for a bearer token that
         # may have rotated in between. The binding's own headers last.
@@ -111,18 +112,28 @@ class HttpTarget:
             given = PASS
             if self._breaker is not None or self._rate_limit is not None:
                 waited_from = waits.time()
-                admitted = await self._admit(started, wanted)
-                deadline += waits.time() - waited_from
+                admitted = await self._admit(started if since is None else since, wanted)
                 if not isinstance(admitted, Pass):
                     return Outcome(admitted, response, made)
+                now = waits.time()
+                if now > waited_from:
+                    # Time spent waiting is not the delivery's, and the attempt
+                    # that follows gets its whole timeout.
+                    deadline = max(deadline + now - waited_from, now + self._delivery.timeout)
                 given = admitted
+            attempted = waits.time()
             response = await self._attempt(headers, request.body, deadline)
             made += 1
             decision = classify(response.status, self._retried)
             if self._breaker is not None:
                 self._breaker.record(given, decision is Decision.RETRY)
-            if not (given.probe and decision is Decision.RETRY):
-                number += 1
+            if given.probe and decision is Decision.RETRY:
+                # The breaker's question, not the event's failure: no retry spent,
+                # no time taken from the deadline, and no backoff (the breaker
+                # is open again: the next attempt waits there).
+                deadline += waits.time() - attempted
+                continue
+            number += 1
             refusal: Refusal | None = None
             if decision is Decision.SUCCESS and accept is not None:
                 accepting = waits.time()
@@ -139,31 +150,39 @@ class HttpTarget:
             if not await waits.sleep(wait):
                 return Outcome(Result.ABANDONED, response, made, refusal)
 
-    async def _admit(self, started: float, wanted: Callable[[], bool] | None) -> Pass | Result:
-        """Leave from the breaker, then a slot from the rate limit; or why not."""
+    async def _admit(self, since: float, wanted: Callable[[], bool] | None) -> Pass | Result:
+        """Leave from the breaker, then a slot from the rate limit; or why not. After
+        waiting for either, the message must still be ours to send (``wanted``):
+        if its channel closed meanwhile, the broker's redelivery is the copy."""
+        waits = self._waits
+        waited = False
         given = PASS
         breaker = self._breaker
         if breaker is not None:
             admitted = breaker.admit()
             if not isinstance(admitted, Pass):
-                waits = self._waits
-                held = await waits.wait(admitted, started + breaker.hold_max - waits.time())
+                held = await waits.wait(admitted, since + breaker.hold_max - waits.time())
                 if held is None:
                     breaker.withdraw(admitted)
                     return Result.ABANDONED if waits.given_up or breaker.closed else Result.RETURNED
-                if wanted is not None and not wanted():
-                    breaker.release(held)
-                    return Result.ABANDONED
-                admitted = held
+                admitted, waited = held, True
             given = admitted
         limit = self._rate_limit
         if limit is not None:
             pause = limit.slot()
-            if pause > 0 and not await limit.wait(pause):
-                if breaker is not None:
-                    breaker.release(given)
-                return Result.ABANDONED
+            if pause > 0:
+                waited = True
+                if not await limit.wait(pause):
+                    return self._unused(given)
+        if waited and wanted is not None and not wanted():
+            return self._unused(given)
         return given
+
+    def _unused(self, given: Pass) -> Result:
+        """``given`` will not be used: the delivery ends here, unsent."""
+        if self._breaker is not None:
+            self._breaker.release(given)
+        return Result.ABANDONED
 
     async def _attempt(self, headers: list[str], body: bytes, deadline: float) -> Response:
         waits = self._waits
@@ -190,5 +209,11 @@ class HttpTarget:
             return None
         # A subscriber's Retry-After is for its own failures, not a reply target's.
         retry_after = None if refusal is not None else response.retry_after
-        wait = self._backoff.wait(max(number - 1, 0), retry_after)
+        wait = self._backoff.wait(number - 1, retry_after)
+        breaker = self._breaker
+        if breaker is not None and breaker.state is not CircuitState.CLOSED:
+            # The next attempt waits for the breaker, whose time is not the
+            # delivery's: the message keeps its retries, never dead-lettered
+            # for an outage.
+            return wait
         return None if self._waits.time() + wait >= deadline else wait

@@ -312,3 +312,18 @@ def test_an_ordered_binding_pauses_and_keeps_its_order(scene):
     s.svc.wait_events("delivered", 15, timeout=30)
     assert s.outage.accepted == ids
     assert s.svc.events("dead_lettered") == 0
+
+
+def test_messages_waiting_for_a_slot_go_back_when_it_opens(scene):
+    """prefetch 20, parallelism 5: fifteen wait for a slot. Open, none of them would
+    start, and held they would run into the broker's consumer_timeout: back to the
+    queue at once, and no consumer left to take them again."""
+    slow_failure = Reply(503, delay=1.0)  # all twenty arrive before the first five fail
+    s = scene({"min_attempts": 5, "open_for": "30s"}, slow_failure, parallelism=5, prefetch=20)
+    s.publish([f"w-{i:02d}" for i in range(20)])
+    wait_until(lambda: s.svc.service.supervisor.waiting("b") == 15, 5, "fifteen waiting")
+    s.wait_state(OPEN)
+    wait_until(lambda: s.depth() == 15, 10, "the fifteen waiting back in the queue")
+    assert s.node.unacked(s.svc.queue) == 5  # the five held in the breaker
+    assert s.node.consumers(s.svc.queue) == 0
+    assert s.svc.events("dead_lettered") == 0 and s.svc.events("requeued") == 0

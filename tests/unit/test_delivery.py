@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from dispatcher.config import DeliverySettings
+from dispatcher.breaker import CircuitBreaker, CircuitState
+from dispatcher.config import CircuitBreakerSettings, DeliverySettings
 from dispatcher.events import HttpRequestParts
 from dispatcher.http.client import HttpClient
 from dispatcher.http.endpoint import Endpoint
@@ -295,3 +296,60 @@ def test_a_status_outside_every_http_class_is_retried_as_5xx(client):
         server.close()
     assert (outcome.result, outcome.attempts) == (Result.DELIVERED, 3)
     assert observed == [600, 999, 200]
+
+
+# ----------------------------------------------------------------------------- the breaker
+
+
+def breaker_target(client, url, breaker: CircuitBreaker, **delivery) -> HttpTarget:
+    settings = DeliverySettings(
+        **{"retry": 2, "backoff_delay": 0.01, "backoff_max": 0.05, "timeout": 0.5, **delivery}
+    )
+    return HttpTarget(client.http, Endpoint(url), settings, client.waits, breaker=breaker)
+
+
+def quick_breaker(client) -> CircuitBreaker:
+    settings = CircuitBreakerSettings(
+        failure_ratio=0.5, min_attempts=1, window=10.0, open_for=0.02, max_open=0.02
+    )
+    return CircuitBreaker(settings, client.loop, lambda *_: None)
+
+
+def test_failed_probes_spend_neither_retries_nor_the_deadline(client, make_subscriber):
+    """Retry 2 and a deadline of 3 x 0.5 s + 2 x 0.05 s = 1.6 s: twelve slow 503s
+    (0.15 s each, 1.8 s in all) after the first would exhaust both if the probes'
+    failures were the event's. They are the breaker's: the 13th request delivers."""
+    sub = make_subscriber(lambda _r, i: Reply(503 if i < 12 else 200, delay=0.15))
+    breaker = quick_breaker(client)
+    outcome = client.send(breaker_target(client, sub.url, breaker))
+    assert outcome.result is Result.DELIVERED
+    assert outcome.attempts == 13
+    assert breaker.state is CircuitState.CLOSED
+
+
+def test_a_delivery_whose_channel_went_while_held_is_abandoned_unsent(client, make_subscriber):
+    sub = make_subscriber(lambda _r, i: Reply(503 if i == 0 else 200))
+    breaker = quick_breaker(client)
+    wanted = [True]
+
+    async def deliver() -> Outcome:
+        t = breaker_target(client, sub.url, breaker)
+        return await t.send(REQUEST, None, lambda: wanted[0])
+
+    wanted[0] = False  # the channel closes while the first attempt fails
+    outcome = client.loop.run_until_complete(deliver())
+    assert outcome.result is Result.ABANDONED
+    assert len(sub.requests) == 1  # the probe went to nobody: no second request
+
+
+def test_held_past_hold_max_is_returned(client, make_subscriber):
+    sub = make_subscriber(lambda _r, _i: Reply(503))
+    settings = CircuitBreakerSettings(
+        failure_ratio=0.5, min_attempts=1, window=10.0, open_for=60.0, max_open=60.0
+    )
+    breaker = CircuitBreaker(settings, client.loop, lambda *_: None, hold_max=0.3)
+    started = time.monotonic()
+    outcome = client.send(breaker_target(client, sub.url, breaker))
+    assert outcome.result is Result.RETURNED
+    assert outcome.attempts == 1 and len(sub.requests) == 1
+    assert 0.3 <= time.monotonic() - started < 5

@@ -87,6 +87,7 @@ class FakeTarget:
         request: HttpRequestParts,
         accept: Accept | None = None,
         wanted: Callable[[], bool] | None = None,
+        since: float | None = None,
     ) -> Outcome:
         attempts = 0
         while True:
