@@ -165,20 +165,12 @@ class Service:
             self.publisher,
             publish_timeout,
         )
-        # Answers are read whole exactly when the handler will look for a reply
-        # in them: one decision, the replier's.
-        breaker = None
-        if binding.circuit_breaker is not None:
-            transition = reported(binding.name, metrics)
-            breaker = CircuitBreaker(binding.circuit_breaker, engine.loop, transition)
-            self.metrics.register_breaker(
-                binding.name, binding.circuit_breaker.max_open, breaker.open_seconds
-            )
-            engine.close_at_stop(breaker.close)
-            self.breakers[binding.name] = breaker
+        breaker = self._breaker(binding)
         rate = binding.delivery.rate_limit
         limit = None if rate is None else RateLimit(rate, engine.waits, metrics.rate_limited.inc)
-        # The subscriber's protection: the dead-letter sink and reply URL are not it.
+        # Answers are read whole exactly when the handler will look for a reply
+        # in them: one decision, the replier's. The breaker and the rate limit
+        # protect the subscriber: the dead-letter sink and reply URL are not it.
         subscriber = target(
             urls.subscriber,
             own_headers=http_form.SUBSCRIBER_HEADERS,
@@ -210,6 +202,17 @@ class Service:
         )
         engine.add_binding(binding.name, handler)
         self.supervisor.add_binding(binding, breaker)
+
+    def _breaker(self, binding: BindingSettings) -> CircuitBreaker | None:
+        settings = binding.circuit_breaker
+        if settings is None:
+            return None
+        transition = reported(binding.name, self.metrics.binding(binding.name))
+        breaker = CircuitBreaker(settings, self.engine.loop, transition)
+        self.metrics.register_breaker(binding.name, settings.max_open, breaker.open_seconds)
+        self.engine.close_at_stop(breaker.close)
+        self.breakers[binding.name] = breaker
+        return breaker
 
     def _dedupe(self, binding: BindingSettings, claim_ttl: float) -> Dedupe:
         local = MemoryDedupe(binding.dedupe_window, self.engine.waits)

@@ -154,9 +154,7 @@ class Consumer:
         generation = next(self._shared.generations)
         self.channel, self.generation, self.consumer_tags = channel, generation, []
         self.state = ChannelState()
-        self.ready, self._prefetch, self._current = False, 0, 0
-        self._pausing, self._to_cancel, self._setting_up = False, [], 0
-        self._last_tag, self._watermark = 0, 0
+        self._reset_channel_counts()
         channel.add_on_close_callback(partial(self._on_channel_closed, generation))
         channel.add_on_cancel_callback(partial(self._on_cancelled, generation))
         declare = self.settings.declare
@@ -224,14 +222,23 @@ class Consumer:
         # Its deliveries still running are the closed channel's now: they keep
         # their slots (``_held``, ``_running``) but no longer count as this
         # channel's. Those waiting are let go: the broker redelivers them.
-        self._held -= len(self._waiting)
-        self._waiting.clear()
-        self.ready, self._prefetch, self._current = False, 0, 0
-        self._pausing, self._to_cancel, self._setting_up = False, [], 0
-        self._last_tag, self._watermark = 0, 0
+        self._drop_waiting()
+        self._reset_channel_counts()
         self._shared.metrics.consumer_up.labels(self.name).set(0)
         if was_consuming:
             log.info("consumer detached", binding=self.name)
+
+    def _reset_channel_counts(self) -> None:
+        """What belongs to one channel: a new one starts from nothing."""
+        self.ready, self._prefetch, self._current = False, 0, 0
+        self._pausing, self._to_cancel, self._setting_up = False, [], 0
+        self._last_tag, self._watermark = 0, 0
+
+    def _drop_waiting(self) -> None:
+        """Forget the messages waiting for a slot, sending nothing: their channel
+        is gone or closing, and the broker has them back with it."""
+        self._held -= len(self._waiting)
+        self._waiting.clear()
 
     # ----------------------------------------------------------------- consumers
 
@@ -303,8 +310,7 @@ class Consumer:
     def cancel(self) -> None:
         """Stop consuming (shutdown): no new message arrives on this channel, and
         none waiting starts (they go back to the broker with the channel)."""
-        self._held -= len(self._waiting)
-        self._waiting.clear()
+        self._drop_waiting()
         if self.channel is not None and self.channel.is_open and self.consumer_tags:
             for tag in self.consumer_tags:
                 self.channel.basic_cancel(tag)
@@ -382,17 +388,22 @@ class Consumer:
     def apply(self, received: Received, action: Action) -> None:
         """Send ``action`` for ``received`` on the channel it arrived on, if that is
         this one; start a waiting message in the freed slot; call ``fill`` next."""
-        self._held -= 1
         self._running -= 1
         # Whatever it was, the half-open period may want another probe now (a
         # started message that was filtered never asked the breaker).
         self._probe_started = False
+        self._settle(received, action)
+        self._start_waiting()
+
+    def _settle(self, received: Received, action: Action) -> None:
+        """``received`` is no longer held: ``action`` goes on its own channel, if
+        that is still this one."""
+        self._held -= 1
         channel = self.channel
         current = channel is not None and received.generation == self.generation
         if current and received.tag >= self._watermark:
             self._current -= 1
         self._send(received, action, channel if current else None)
-        self._start_waiting()
 
     def _send(self, received: Received, action: Action, channel: Any) -> None:
         if action is Action.LEAVE:
@@ -419,12 +430,10 @@ class Consumer:
     def _on_circuit(self, state: CircuitState) -> None:
         if state is CircuitState.OPEN:
             self._pause()
-        elif state is CircuitState.HALF_OPEN:
-            self._start_waiting()
-            self.fill()
         else:
-            self.fill()
+            # Half open: a waiting message is the probe before a consumer takes one.
             self._start_waiting()
+            self.fill()
 
     def _pause(self) -> None:
         """Cancel every consumer: the broker sends nothing more until we resume.
@@ -435,7 +444,7 @@ class Consumer:
         tags, self.consumer_tags = self.consumer_tags, []
         if channel is None or not channel.is_open:
             return
-        self._give_back_waiting(channel)
+        self._give_back_waiting()
         if not tags:
             return
         self._to_cancel.extend(tags)
@@ -445,16 +454,10 @@ class Consumer:
             self._pausing = True
             self._cancel_next(self.generation, None)
 
-    def _give_back_waiting(self, channel: Any) -> None:
+    def _give_back_waiting(self) -> None:
         waiting, self._waiting = self._waiting, deque()
         for received in waiting:
-            self._held -= 1
-            if received.tag >= self._watermark:
-                self._current -= 1
-            try:
-                channel.basic_nack(received.tag, multiple=False, requeue=True)
-            except pika.exceptions.AMQPError:
-                self._count_stale()
+            self._settle(received, Action.REQUEUE)
         if waiting:
             log.info(
                 "circuit open: waiting messages given back", binding=self.name, count=len(waiting)
@@ -477,9 +480,8 @@ class Consumer:
         # holds is covered by no prefetch.
         self._watermark = self._last_tag + 1
         self._current, self._prefetch = 0, self._setting_up
-        still_open = self._breaker is not None and self._breaker.state is CircuitState.OPEN
-        if still_open and channel is not None and channel.is_open:
-            self._give_back_waiting(channel)  # those that came before the CancelOk
+        if self._breaker is not None and self._breaker.state is CircuitState.OPEN:
+            self._give_back_waiting()  # those that came before the CancelOk
         self.fill()  # the breaker may have moved on meanwhile
 
     def _take_probe(self) -> None:
