@@ -8,7 +8,8 @@ written through a descriptor of its own in non-blocking mode: what the pipe
 cannot take now waits in memory (at most ``PENDING_MAX`` bytes) and goes out
 when the loop sees the pipe writable again. Beyond that, lines are dropped,
 never half a line, counted (``dispatcher_log_lines_dropped_total``), and one
-warning line says how many once the pipe drains.
+line (at error level, so that no ``logging.level`` hides it) says how many once
+the pipe drains.
 
 The descriptor is a fresh open of the same pipe or terminal
 (``/proc/self/fd/1``), so the non-blocking flag does not leak to whoever
@@ -90,16 +91,21 @@ class Output:
             deadline = time.monotonic() + _DETACH_BOUND
             poller = select.poll()  # not select(): the descriptor may be past 1,023
             poller.register(fd, select.POLLOUT)
-            while self._pending and time.monotonic() < deadline:
-                poller.poll(max(0, int((deadline - time.monotonic()) * 1000)))
-                with contextlib.suppress(BlockingIOError):
-                    del self._pending[: os.write(fd, self._pending)]
-            self._pending.clear()
-            self._armed = False
-            flags, self._restore_flags = self._restore_flags, None
-            if flags is not None:
-                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
-            os.close(fd)
+            try:
+                while self._pending and time.monotonic() < deadline:
+                    poller.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+                    with contextlib.suppress(BlockingIOError):
+                        del self._pending[: os.write(fd, self._pending)]
+            except OSError:
+                pass  # the reader is gone (a broken pipe): what is left cannot go out
+            finally:
+                self._pending.clear()
+                self._armed = False
+                flags, self._restore_flags = self._restore_flags, None
+                with contextlib.suppress(OSError):
+                    if flags is not None:
+                        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+                os.close(fd)
 
     # ----------------------------------------------------------------- under the lock
 

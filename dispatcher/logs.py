@@ -24,14 +24,15 @@ from structlog.typing import FilteringBoundLogger
 from dispatcher.log_output import Output
 
 
+def say_dropped(dropped: int) -> None:
+    """The one line that says how many lines a stdout nobody read cost. Logs were
+    lost: at error level, the one that every ``logging.level`` lets through."""
+    get_logger().error("log lines dropped: stdout was not read", dropped=dropped)
+
+
 # Every line of the process goes out through this, text and newline in one write
 # under one lock (a line written in two could take another thread's lines into its
 # middle), without blocking the engine loop once a service attaches it.
-def say_dropped(dropped: int) -> None:
-    """The one line that says how many lines a stdout nobody read cost."""
-    get_logger().warning("log lines dropped: stdout was not read", dropped=dropped)
-
-
 OUTPUT = Output(say_dropped)
 
 

@@ -133,7 +133,11 @@ def test_a_full_pipe_holds_lines_then_drops_whole_ones_and_says_how_many(monkeyp
     read_end, write_end = os.pipe()
     monkeypatch.setattr(log_output, "PENDING_MAX", 10_000)
     monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))
-    output, loop = log_output.Output(logs.say_dropped), Loop()
+
+    def say_dropped(dropped: int) -> None:  # through this output, as the service's does
+        output.write(json.dumps({"event": "log lines dropped", "dropped": dropped}) + "\n")
+
+    output, loop = log_output.Output(say_dropped), Loop()
     try:
         assert output.attach(loop, WRITABLE)
         line = '{"event": "x", "pad": "%s"}\n' % ("p" * 70)  # 100 bytes
@@ -160,3 +164,43 @@ def test_a_full_pipe_holds_lines_then_drops_whole_ones_and_says_how_many(monkeyp
     lines = received.decode().splitlines()
     assert lines[:-1] == [line.rstrip("\n")] * (2_000 - output.dropped)
     assert json.loads(lines[-1])["dropped"] == output.dropped
+
+
+def test_the_dropped_count_is_said_whatever_the_log_level(capsys) -> None:
+    """Lines were lost: the count goes out at error level, which every
+    ``logging.level`` lets through."""
+    logs.configure(level="error", fmt="json")
+    try:
+        logs.get_logger().warning("hidden at this level")
+        logs.say_dropped(3)
+    finally:
+        logs.configure()
+    [line] = capsys.readouterr().out.splitlines()
+    said = json.loads(line)
+    assert (said["dropped"], said["level"]) == (3, "error")
+
+
+def test_detach_with_the_reader_gone_ends_quietly_and_closes_its_descriptor(monkeypatch) -> None:
+    """A log reader that died (``| head``): lines still waiting cannot go out; the
+    shutdown must neither raise nor keep the descriptor."""
+    import os
+    import sys
+
+    from dispatcher import log_output
+    from dispatcher.loop import WRITABLE, Loop
+
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))
+    output, loop = log_output.Output(lambda _n: None), Loop()
+    try:
+        assert output.attach(loop, WRITABLE)
+        fd = output._fd
+        assert fd is not None
+        for _ in range(1_000):  # 100 KB: more than the pipe takes, the rest waits
+            output.write('{"event": "x", "pad": "%s"}\n' % ("p" * 70))
+        os.close(read_end)  # the reader goes away
+        output.detach()  # a broken pipe: no exception
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed
+    finally:
+        loop.close()
