@@ -121,10 +121,11 @@ def close_within(
     The whole wait is bounded by ``timeout``."""
     if not loop.call_soon_threadsafe(lambda _arg: close(), None):
         return  # the loop has stopped: nothing runs on it any more
-    if closed.wait(max(0.0, timeout - ABORT_BOUND)):
+    for_abort = min(ABORT_BOUND, timeout / 2)
+    if closed.wait(timeout - for_abort):
         return
     if loop.call_soon_threadsafe(lambda _arg: abort(), None):
-        closed.wait(ABORT_BOUND)
+        closed.wait(for_abort)
 
 
 class LoopConnection(SelectConnection):  # type: ignore[misc]

@@ -271,3 +271,34 @@ def test_rate_limit_waits_on_the_loop_and_counts_the_wait() -> None:
 
 async def _wait(limit: RateLimit, seconds: float) -> bool:
     return await limit.wait(seconds)
+
+
+def test_readiness_says_paused_only_while_the_channel_is_fine(h: Harness) -> None:
+    """FIELD-NOTES invariant 5: a binding without a working channel is not ready,
+    breaker or not; paused is only for an open channel its breaker stopped."""
+    import itertools
+    from types import SimpleNamespace
+
+    from dispatcher.broker.consumer import Consumer, Shared
+    from dispatcher.config import BindingSettings
+    from dispatcher.retry import Backoff
+
+    shared = Shared(
+        Metrics(),
+        Backoff("exponential", 0.1, 1.0),
+        lambda: False,
+        itertools.count(1),
+        lambda: None,
+        lambda: None,
+        lambda _name, _received: None,
+    )
+    consumer = Consumer(BindingSettings("b", "q", "http://127.0.0.1:1/"), shared, h.breaker)
+    h.attempts(True, True, True, True)
+    assert h.state is CircuitState.OPEN
+    assert consumer.consumption == "down"  # no channel yet
+    consumer.channel, consumer.ready = SimpleNamespace(is_open=True), True
+    assert consumer.consumption == "paused"
+    consumer.channel.is_open = False  # closing: a rebuild is coming
+    assert consumer.consumption == "down"
+    consumer.channel, consumer.ready = None, False
+    assert consumer.consumption == "down"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pika
+import pytest
 
-from dispatcher.broker.pika_loop import LoopConnection, PikaLoop
+from dispatcher.broker.pika_loop import LoopConnection, PikaLoop, close_within
 from dispatcher.loop import FAILED, READABLE, WRITABLE, Loop
 from tests.support.loops import run_until
 
@@ -76,3 +79,25 @@ def test_a_handler_that_raises_breaks_only_its_connection() -> None:
         os.close(read_end)
         os.close(write_end)
         loop.close()
+
+
+@pytest.mark.parametrize("timeout", [0.2, 2.0])
+def test_close_within_aborts_a_close_nobody_answers_and_keeps_its_bound(timeout: float) -> None:
+    """FIELD-NOTES invariant 6: every teardown wait is bounded. A close the broker
+    never answers gets the abort, and the whole wait stays within ``timeout``, short
+    ones included."""
+    loop = Loop()
+    loop.start()
+    calls: list[str] = []
+    closed = threading.Event()
+    try:
+        started = time.monotonic()
+        close_within(
+            loop, lambda: calls.append("close"), lambda: calls.append("abort"), closed, timeout
+        )
+        took = time.monotonic() - started
+    finally:
+        loop.stop(3.0)
+        loop.close()
+    assert calls == ["close", "abort"]
+    assert timeout * 0.9 <= took < timeout + 0.1
