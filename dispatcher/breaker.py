@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
-from dispatcher.config import CircuitBreakerSettings
+from dispatcher.config import UNACKED_MAX, CircuitBreakerSettings
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future, Loop, Timer
 from dispatcher.metrics import BindingMetrics
@@ -48,11 +48,9 @@ log = get_logger()
 _BUCKETS: Final = 20
 
 # An attempt waits in an open breaker at most this long after its delivery
-# began; then its message is given back to the queue (outcome ``requeued``).
-# The broker closes a channel whose delivery stays unacked past its
-# ``consumer_timeout`` (30 min by default), requeueing everything on it: half
-# of that leaves room for the attempts before and the one after.
-HOLD_MAX: Final = 15 * 60.0
+# began; then its message is given back to the queue (outcome ``requeued``)
+# before the broker's ``consumer_timeout`` closes the channel over it.
+HOLD_MAX: Final = UNACKED_MAX
 
 
 class CircuitState(IntEnum):

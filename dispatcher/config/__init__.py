@@ -46,6 +46,7 @@ from dispatcher.config.durations import parse_duration
 from dispatcher.config.redaction import redact_url
 from dispatcher.config.render import effective_config, render_effective_config
 from dispatcher.config.settings import (
+    UNACKED_MAX,
     AttributesFilter,
     AuthSettings,
     BackoffPolicy,
@@ -86,6 +87,7 @@ from dispatcher.config.urls import http_url_problem, split_nodes
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
+    "UNACKED_MAX",
     "Advice",
     "AttributesFilter",
     "AuthSettings",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from dispatcher import cesql
 from dispatcher.config.settings import (
+    UNACKED_MAX,
     BindingSettings,
     CesqlFilter,
     FilterEntry,
@@ -50,6 +51,7 @@ def advice(settings: Settings) -> list[Advice]:
         for place, entry in enumerate(binding.filters):
             found.extend(_ungrouped(entry, f"{key}.filters[{place}]"))
         found.extend(_window_too_long(binding, key))
+        found.extend(_rate_too_low(binding, key))
     return found
 
 
@@ -59,6 +61,22 @@ def fastest_retries(binding: BindingSettings) -> float:
     d = binding.delivery
     backoff = Backoff(d.backoff_policy, d.backoff_delay, d.backoff_max)
     return sum((1.0 - JITTER) * backoff.base(n) for n in range(d.retry))
+
+
+def _rate_too_low(binding: BindingSettings, key: str) -> Iterator[Advice]:
+    """Every held message waits its turn for a rate-limit slot, unacked: the last of
+    ``prefetch`` waits ``prefetch / rate_limit``, and the broker closes the channel
+    of a message unacked past its consumer_timeout (30 min by default)."""
+    rate = binding.delivery.rate_limit
+    if rate is None or binding.held / rate < UNACKED_MAX:
+        return
+    yield Advice(
+        f"{key}.delivery.rate_limit",
+        f"binding {binding.name!r}: {binding.held} messages held at {rate:g} requests/s "
+        f"wait up to {_seconds(binding.held / rate)} for their turn, unacked; the broker "
+        "closes a channel whose message stays unacked past its consumer_timeout (30 min "
+        "by default): lower prefetch and parallelism, or raise the limit",
+    )
 
 
 def _seconds(value: float) -> str:

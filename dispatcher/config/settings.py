@@ -27,6 +27,12 @@ LogFormat = Literal["json", "console"]
 
 # Field metadata telling ``render.effective_config`` how to write a value back in
 # the form a user would write in the file.
+# The longest this process keeps a message unacked on purpose (a hold in an
+# open circuit breaker, a wait for a rate-limit slot): half the broker's default
+# consumer_timeout (30 min), past which the broker closes the channel and
+# requeues everything on it.
+UNACKED_MAX: Final = 15 * 60.0
+
 _DURATION: Final = {"render": "duration"}
 _URL: Final = {"render": "url"}
 _NUMBER: Final = {"render": "number"}

@@ -771,6 +771,26 @@ def test_check_warns_when_retries_run_out_within_the_breakers_window(
         assert "messages may be dead-lettered before the breaker opens" in said[0].text
 
 
+@pytest.mark.parametrize(
+    ("keys", "warned"),
+    [
+        ({"parallelism": 10, "delivery": {"rate_limit": 0.01}}, True),  # 1,000 s
+        ({"parallelism": 10, "delivery": {"rate_limit": 0.5}}, False),  # 20 s
+        ({"parallelism": 10, "prefetch": 1000, "delivery": {"rate_limit": 1}}, True),
+        ({"parallelism": 10}, False),
+    ],
+)
+def test_check_warns_when_a_rate_limit_keeps_messages_unacked_too_long(
+    keys: dict[str, Any], warned: bool
+) -> None:
+    settings = settings_from_dict({"bindings": [_sink(**keys)]}, {})
+    said = [a for a in advice(settings) if a.key.endswith("delivery.rate_limit")]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert said[0].key == "bindings[0].delivery.rate_limit"
+        assert "consumer_timeout" in said[0].text
+
+
 def test_filters_nest_at_most_32_levels() -> None:
     def nested(levels: int) -> dict[str, Any]:
         entry: dict[str, Any] = {"exact": {"type": "a"}}
