@@ -76,6 +76,7 @@ from dispatcher.config.settings import (
     Settings,
     ShutdownSettings,
     TlsSettings,
+    TracingSettings,
 )
 from dispatcher.config.sources import (
     DEFAULT_CONFIG_PATH,
@@ -118,6 +119,7 @@ __all__ = [
     "Settings",
     "ShutdownSettings",
     "TlsSettings",
+    "TracingSettings",
     "advice",
     "effective_config",
     "http_url_problem",

@@ -25,6 +25,11 @@ BROKER_INGRESS_URL     reply.url                    replies go back into the bro
 RABBITMQ_VHOST         broker.url's virtual host    replaces the URL's vhost when set
                                                     (every node's, for a cluster)
 SUBSCRIBER_CACERTS     bindings[0].tls.ca_file      PEM text (kept in a private file)
+K_OBSERVABILITY_CONFIG tracing                      JSON; its ``tracing`` with protocol
+                                                    http/protobuf: the endpoint (a whole
+                                                    URL, /v1/traces included) and
+                                                    samplingRate; grpc, stdout: not
+                                                    spoken here, tracing stays off
 DLX                    (no effect)                  Knative acks failures on its DLQ
                                                     dispatcher, dropping them; we never
                                                     drop, so they are requeued after
@@ -35,7 +40,7 @@ Filters and subscriber auth have no variables to map: Knative's controller
 applies a Trigger's ``filter.attributes`` as the queue's binding arguments
 (``x-match: all`` on the message headers), ignores ``filters``, and supports
 no OIDC for this broker class. Its other variables (``K_LOGGING_CONFIG``,
-``K_OBSERVABILITY_CONFIG``, ``K_KLOG_VERBOSITY``, ``SYSTEM_NAMESPACE``,
+``K_TRACING_CONFIG`` (Zipkin, before Knative 1.19), ``K_KLOG_VERBOSITY``, ``SYSTEM_NAMESPACE``,
 ``NAMESPACE``, ``CONTAINER_NAME``, ``POD_NAME``, ``REQUEUE``) are ignored.
 
 ``RABBITMQ_URL`` (ours) may name a cluster's nodes, comma-separated, as
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import re
@@ -85,6 +91,8 @@ ORIGINS: Mapping[str, str] = {
     "bindings[0].dead_letter.sink": "DEAD_LETTER_SINK",
     "bindings[0].reply.url": "BROKER_INGRESS_URL",
     "bindings[0].tls.ca_file": "SUBSCRIBER_CACERTS",
+    "tracing.endpoint": "K_OBSERVABILITY_CONFIG",
+    "tracing.sample_ratio": "K_OBSERVABILITY_CONFIG",
 }
 
 
@@ -129,7 +137,41 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
     broker_url = environ.get("RABBITMQ_URL") or _required(environ, "RABBIT_URL")
     if environ.get("RABBITMQ_VHOST"):
         broker_url = _with_vhost(broker_url, environ["RABBITMQ_VHOST"])
-    return {"broker": {"url": broker_url}, "bindings": [binding]}
+    raw: dict[str, Any] = {"broker": {"url": broker_url}, "bindings": [binding]}
+    tracing = _tracing(environ.get("K_OBSERVABILITY_CONFIG"))
+    if tracing:
+        raw["tracing"] = tracing
+    return raw
+
+
+def _tracing(text: str | None) -> dict[str, Any]:
+    """The ``tracing`` section from Knative's observability configuration (the
+    ``config-observability`` ConfigMap as JSON, Knative 1.19 and later). Only
+    ``http/protobuf`` maps: ``grpc`` and ``stdout`` are not spoken here, and
+    ``none`` is off, so those leave tracing to the ``OTEL_*`` variables."""
+    if not text:
+        return {}
+    try:
+        config = json.loads(text)
+    except ValueError:
+        raise ConfigError("K_OBSERVABILITY_CONFIG", "must be a JSON object") from None
+    tracing = config.get("tracing") if isinstance(config, dict) else None
+    if not isinstance(tracing, dict) or tracing.get("protocol") != "http/protobuf":
+        return {}
+    endpoint = tracing.get("endpoint")
+    if not isinstance(endpoint, str) or not endpoint:
+        raise ConfigError(
+            "K_OBSERVABILITY_CONFIG", "tracing.endpoint is required for http/protobuf"
+        )
+    if "://" not in endpoint:
+        endpoint = "https://" + endpoint  # as Knative reads it
+    # Knative's endpoint is the whole URL; ours is the base /v1/traces goes after.
+    endpoint = endpoint.removesuffix("/").removesuffix("/v1/traces")
+    rate = tracing.get("samplingRate", 0)
+    if isinstance(rate, bool) or not isinstance(rate, int | float):
+        raise ConfigError("K_OBSERVABILITY_CONFIG", "tracing.samplingRate must be a number")
+    # Knative: 1 or more always samples, 0 or less never.
+    return {"enabled": True, "endpoint": endpoint, "sample_ratio": min(max(float(rate), 0.0), 1.0)}
 
 
 def _with_vhost(urls: str, vhost: str) -> str:

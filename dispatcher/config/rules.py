@@ -44,6 +44,7 @@ from dispatcher.config.settings import (
     Settings,
     ShutdownSettings,
     TlsSettings,
+    TracingSettings,
 )
 from dispatcher.config.validation import (
     FILE_RULE,
@@ -219,6 +220,7 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "shutdown": _section_rule(ShutdownSettings),
         "logging": _section_rule(LoggingSettings),
         "dedupe": _section_rule(DedupeSettings),
+        "tracing": _section_rule(TracingSettings),
         "bindings": _bindings_rule(),
     },
     BatchSettings: {
@@ -234,6 +236,12 @@ _RULES: Final[Mapping[type, Mapping[str, Rule]]] = {
         "blocked_timeout": duration_rule(durations.positive_duration, 0, positive=True),
     },
     DedupeSettings: {"store": url_rule(urls.redis_url, "redis", "rediss")},
+    TracingSettings: {
+        "enabled": Rule(values.boolean, {"type": "boolean"}),
+        "endpoint": _HTTP_URL,
+        "sample_ratio": number_rule(0.0, 1.0),
+        "service_name": text_rule(non_empty=True),
+    },
     TlsSettings: {"ca_file": FILE_RULE, "cert_file": FILE_RULE, "key_file": FILE_RULE},
     AttributesFilter: {
         "attributes": Rule(values.filter_attributes, attributes_schema(non_empty=False))

@@ -129,6 +129,25 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """OpenTelemetry spans over OTLP/HTTP; the standard ``OTEL_*`` variables
+    override these (``sources``), and the exporter reads the rest of them
+    itself (headers, resource attributes, a signal-specific endpoint)."""
+
+    enabled: bool = False
+    # The collector's base URL: ``/v1/traces`` is appended, as for
+    # OTEL_EXPORTER_OTLP_ENDPOINT.
+    endpoint: str = field(default="http://127.0.0.1:4318", metadata=_URL)
+    # Parent-based: a sampled parent is always followed, one that is not never.
+    sample_ratio: float = field(default=1.0, metadata=_NUMBER)
+    service_name: str = "dispatcher"
+
+    @property
+    def traces_url(self) -> str:
+        return self.endpoint.rstrip("/") + "/v1/traces"
+
+
+@dataclass(frozen=True, slots=True)
 class DeclareSettings:
     durable: bool = True
     type: QueueType = "classic"
@@ -274,6 +293,7 @@ class Settings:
     shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     dedupe: DedupeSettings = field(default_factory=DedupeSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
     bindings: tuple[BindingSettings, ...] = ()
 
 

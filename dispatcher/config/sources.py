@@ -4,7 +4,8 @@ Loading is two steps so every source feeds the same validation: something
 builds a raw ``dict`` (the YAML file, or in Knative drop-in mode the Knative
 dispatcher's variables, ``knative``), then ``settings_from_dict`` applies the
 environment overrides (``RABBITMQ_URL``, ``DEDUPE_STORE_URL``,
-``DISPATCHER_LISTEN``, ``LOG_LEVEL``, ``LOG_FORMAT``) and validates the result
+``DISPATCHER_LISTEN``, ``LOG_LEVEL``, ``LOG_FORMAT``, and OpenTelemetry's
+``OTEL_*``: ``otel``) and validates the result
 (``rules``). A ``ConfigError`` about a value that came from a variable names
 the variable, not the key: the user has to fix that, not the file.
 """
@@ -19,7 +20,7 @@ from typing import Any, Final
 
 import yaml
 
-from dispatcher.config import knative
+from dispatcher.config import knative, otel
 from dispatcher.config.redaction import redact_text, show
 from dispatcher.config.rules import build
 from dispatcher.config.settings import BatchSettings, Settings
@@ -105,6 +106,8 @@ def settings_from_dict(
     merged, origins = _apply_env_overrides(raw, environ)
     with _blaming_variables({**(origins_of_raw or {}), **origins}):
         settings = build(Settings, merged, "")
+        if settings.tracing.enabled:
+            otel.traces_url(settings.tracing, environ)  # a bad signal endpoint: refused now
         if preflight is not None:
             preflight(settings)
         return settings
@@ -217,4 +220,9 @@ def _apply_env_overrides(
             continue  # validation reports the file's malformed section as it is
         merged[section] = {**current, key: value}
         origins[f"{section}.{key}"] = variable
+    keys, tracing_origins = otel.overrides(environ)
+    current = merged.get("tracing") or {}
+    if keys and isinstance(current, Mapping):
+        merged["tracing"] = {**current, **keys}
+        origins.update(tracing_origins)
     return merged, origins

@@ -47,6 +47,14 @@ SERVICE_VARIABLES: Final = frozenset(
         "DEAD_LETTER_SINK",
         "BROKER_INGRESS_URL",
         "SUBSCRIBER_CACERTS",
+        "K_OBSERVABILITY_CONFIG",
+        # OpenTelemetry's own (config/otel.py; the SDK reads the rest itself)
+        "OTEL_SDK_DISABLED",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SERVICE_NAME",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
         # the HTTP client follows proxies as curl does
         *(f"{scheme}_proxy" for scheme in ("http", "https", "all", "no")),
         *(f"{scheme}_PROXY" for scheme in ("HTTP", "HTTPS", "ALL", "NO")),
