@@ -15,7 +15,7 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dispatcher import http_form
+from dispatcher import http_form, tracing
 from dispatcher.config import ContentMode, DeadLetterSettings, redact_url
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
@@ -114,8 +114,14 @@ class DeadLetterer:
         letter: Event,
         trace: Mapping[str, str],
     ) -> bool:
-        error = await publisher.publish_event(
-            exchange, self._routing_key, letter, self._publish_timeout, trace
+        error = await tracing.publish(
+            publisher,
+            exchange,
+            self._routing_key,
+            letter,
+            self._publish_timeout,
+            trace,
+            "dead_letter",
         )
         if error is not None:
             log.warning(

@@ -43,6 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from dispatcher import tracing
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future
 from dispatcher.seams import ClaimStore, Found
@@ -95,6 +96,7 @@ class MemoryDedupe:
                 return self._new_claim(key)
             if holder.done is None:
                 holder.done = self._waits.future()
+            tracing.note("claim wait", {"holder": "this process"})
             settled = await self._waits.wait(holder.done, deadline - self._waits.time())
             if settled is None:
                 return "busy"
@@ -120,6 +122,7 @@ class MemoryDedupe:
         while (holder := self._in_flight.get(key)) is not None:
             if holder.done is None:
                 holder.done = self._waits.future()
+            tracing.note("claim wait", {"holder": "this process"})
             if await self._waits.wait(holder.done, deadline - self._waits.time()) is None:
                 return "busy"
         return self._new_claim(key)
@@ -232,6 +235,8 @@ class SharedDedupe:
             answer = await self._shared_claim(claim)
             if answer in (CLAIMED, SETTLED) or (answer is None and not held_elsewhere):
                 return answer
+            if not held_elsewhere:
+                tracing.note("claim wait", {"holder": "another replica"})
             held_elsewhere = True
             left = deadline - self._waits.time()
             if left <= 0 or not await self._waits.sleep(min(pause, left)):

@@ -39,13 +39,14 @@ Every final outcome writes exactly one ``event: "delivery"`` log line.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
-from dispatcher import from_amqp, http_form, logs
+from dispatcher import from_amqp, http_form, logs, tracing
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim
@@ -100,6 +101,8 @@ class Received:
     # body and no properties, and the message is dead-lettered, not delivered.
     unreadable: Unreadable | None = None
     channel: ChannelState = NO_CHANNEL
+    # When it arrived (time.time_ns()), where a trace's span begins; 0: unknown.
+    arrived_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,20 @@ class _Final:
     attempts: int
     status: int | None  # None: no HTTP status (timeout, transport error, our own decision)
     reason: str | None = None
+
+
+# A span's outcome where the delivery line has none (no line is written).
+_SPAN_OUTCOMES: Final = {Action.REQUEUE: "requeued", Action.LEAVE: None, Action.REJECT: "rejected"}
+
+
+def _end(
+    span: tracing.DeliverySpan | None,
+    outcome: str | None,
+    attempts: int = 0,
+    status: int | None = None,
+) -> None:
+    if span is not None:
+        span.end(outcome, attempts, status)
 
 
 def longest_attempt(binding: BindingSettings, subscriber: Target) -> float:
@@ -134,8 +151,10 @@ class Handler:
         waits: Waits,
         lines: logs.DeliveryLines,
         accepts: Predicate | None = None,
+        tracer: tracing.Tracer | None = None,
     ) -> None:
         self._binding = binding
+        self._tracer = tracer
         self._accepts = accepts
         self._vhost = vhost
         self._subscriber = subscriber
@@ -160,11 +179,19 @@ class Handler:
             event, problem = from_amqp.wrap_unreadable(
                 received.message, self._vhost, self._binding.queue, received.unreadable
             )
+        # W3C trace context rides along to the subscriber, replies and dead letters;
+        # with a span of ours, each attempt and publish sends its own instead.
+        trace = http_form.trace_headers(received.message.headers)
+        span = None if self._tracer is None else self._begin(received, event, trace)
+        if span is not None:
+            trace = {}
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
             self._filtered(event, received.redelivered)
+            _end(span, "filtered")
             return Action.ACK
         claim = await self._claim(event, received.redelivered)
         if isinstance(claim, Action):
+            _end(span, "duplicate" if claim is Action.ACK else _SPAN_OUTCOMES[claim])
             return claim
         if (claim is not None and self._waits.given_up) or not received.channel.open:
             # Grace ended while the claim was being made: no new request now. Or
@@ -177,10 +204,11 @@ class Handler:
                 self._log.info(
                     "channel closed before the request: left for redelivery", ce_id=event.id
                 )
+            _end(span, None)
             return Action.LEAVE
         settled = False
         try:
-            final = await self._settle(event, problem, received, started)
+            final = await self._settle(event, problem, received, started, trace)
             settled = final.outcome in ("delivered", "dead_lettered")
         finally:
             if claim is not None:
@@ -188,7 +216,29 @@ class Handler:
         if settled:
             self._returns.settled(event.key)
         self._record(received, event, final, started)
+        _end(span, final.outcome, final.attempts, final.status)
         return final.action
+
+    def _begin(
+        self, received: Received, event: Event, trace: Mapping[str, str]
+    ) -> tracing.DeliverySpan | None:
+        """The message's CONSUMER span, if it is sampled: the current span of this
+        delivery's task from here on, and in every log line about it."""
+        assert self._tracer is not None
+        span = self._tracer.begin(
+            self._binding.name,
+            self._binding.queue,
+            received.tag,
+            received.redelivered,
+            received.message.message_id,
+            event,
+            trace,
+            received.arrived_ns or time.time_ns(),
+        )
+        if span is not None:
+            tracing.CURRENT.set(span)
+            logs.bind_trace(span.trace_id, span.span_id)
+        return span
 
     async def _claim(self, event: Event, redelivered: bool) -> Claim | Action | None:
         """Duplicate suppression: the claim this attempt holds (None: no claim), or
@@ -200,6 +250,7 @@ class Handler:
         else:
             found = await self._dedupe.claim_first(event.key, self._dedupe_wait)
         if found == "settled":
+            tracing.note("duplicate suppressed")
             self._metrics.duplicates_suppressed.inc()
             self._log.info("duplicate suppressed", ce_id=event.id, ce_source=event.source)
             return Action.ACK
@@ -211,12 +262,14 @@ class Handler:
         return found
 
     async def _settle(
-        self, event: Event, problem: str | None, received: Received, started: float
+        self,
+        event: Event,
+        problem: str | None,
+        received: Received,
+        started: float,
+        trace: Mapping[str, str],
     ) -> _Final:
-        trace: Mapping[str, str] = {}
         try:
-            # W3C trace context rides along to the subscriber, replies and dead letters.
-            trace = http_form.trace_headers(received.message.headers)
             if problem is not None:
                 return await self._give_up(event, Failure(None, reason=problem), 0, None, trace)
             return await self._deliver(event, trace, received.channel, started)

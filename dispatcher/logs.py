@@ -93,12 +93,21 @@ def configure(level: str = "info", fmt: str = "json") -> None:
     # pika logs connection trouble at WARNING/ERROR through stdlib logging; our
     # own lifecycle lines say the same with the reason, so keep pika quiet.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
+    # The OTLP exporter says each failed export through stdlib logging; our own
+    # line says when export fails and when it works again (``otlp``).
+    logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
 
 
 def get_logger(**initial: Any) -> FilteringBoundLogger:
     """The package's logger: structlog's filtering bound logger (``configure``
     sets its level and renderer); lines are ``log.info("what", field=value)``."""
     return cast(FilteringBoundLogger, structlog.get_logger("dispatcher", **initial))
+
+
+def bind_trace(trace_id: str, span_id: str) -> None:
+    """Every line logged from here on in this context (one delivery's task) carries
+    the delivery's trace: the ``delivery`` line and any other about it."""
+    structlog.contextvars.bind_contextvars(trace_id=trace_id, span_id=span_id)
 
 
 _ENCODER = json.JSONEncoder(default=repr)

@@ -132,6 +132,11 @@ class Metrics:
             "Calls to the shared dedupe store that failed or timed out.",
             registry=r,
         )
+        self.spans_dropped = Counter(
+            "dispatcher_spans_dropped",
+            "Trace spans dropped: the collector was behind, down or refused them.",
+            registry=r,
+        )
         self.circuit_state = Gauge(
             "dispatcher_circuit_state",
             "Circuit breaker state: 0 closed, 1 open, 2 half-open (bindings with a breaker).",

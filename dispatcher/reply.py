@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dispatcher import http_form
+from dispatcher import http_form, tracing
 from dispatcher.config import ContentMode, ReplySettings
 from dispatcher.events import Event
 from dispatcher.seams import ConfirmingPublisher, Refusal, Result, Target, status_field
@@ -47,8 +47,14 @@ class Replier:
             reason = f"reply URL answered {status_field(last.status)} ({last.error or 'HTTP'})"
             return Refusal(reason, retry=True, status=last.status, body=last.body)
         if self._exchange is not None and self._publisher is not None:
-            error = await self._publisher.publish_event(
-                self._exchange, self._routing_key, reply, self._publish_timeout, trace
+            error = await tracing.publish(
+                self._publisher,
+                self._exchange,
+                self._routing_key,
+                reply,
+                self._publish_timeout,
+                trace,
+                "reply",
             )
             if error is not None:
                 return Refusal(f"reply publish failed: {error}", retry=True)

@@ -30,7 +30,7 @@ from dispatcher.breaker import CircuitBreaker, reported
 from dispatcher.broker.params import virtual_host
 from dispatcher.broker.publisher import Publisher
 from dispatcher.broker.supervisor import Supervisor
-from dispatcher.config import BindingSettings, DeliverySettings, Settings, advice
+from dispatcher.config import BindingSettings, DeliverySettings, Settings, advice, otel
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import MemoryDedupe, SharedDedupe
 from dispatcher.engine import Engine
@@ -48,6 +48,7 @@ from dispatcher.rate_limit import RateLimit
 from dispatcher.reply import Replier
 from dispatcher.seams import Dedupe
 from dispatcher.tls import tls_context
+from dispatcher.tracing import Tracer
 
 if TYPE_CHECKING:
     from dispatcher.redis_claims import RedisClaims
@@ -124,6 +125,7 @@ class Service:
             )
         except OSError as e:
             raise ConfigError("http.listen", f"cannot listen on {settings.http.listen}: {e}") from e
+        self.tracer = self._tracer(settings)
         vhost = virtual_host(settings.broker)
         # Read by tests and debugging; each is the loop's to change.
         self.breakers: dict[str, CircuitBreaker] = {}
@@ -199,6 +201,7 @@ class Service:
             engine.waits,
             engine.lines,
             compile_filter(binding),
+            self.tracer,
         )
         engine.add_binding(binding.name, handler)
         self.supervisor.add_binding(binding, breaker)
@@ -213,6 +216,14 @@ class Service:
         self.engine.close_at_stop(breaker.close)
         self.breakers[binding.name] = breaker
         return breaker
+
+    def _tracer(self, settings: Settings) -> Tracer | None:
+        if not settings.tracing.enabled:
+            return None  # and OpenTelemetry is never imported
+        from dispatcher.otlp import OtlpTracer
+
+        url = otel.traces_url(settings.tracing, os.environ)
+        return OtlpTracer(settings.tracing, url, self.metrics.spans_dropped.inc)
 
     def _dedupe(self, binding: BindingSettings, claim_ttl: float) -> Dedupe:
         local = MemoryDedupe(binding.dedupe_window, self.engine.waits)
@@ -276,6 +287,8 @@ class Service:
             logs.OUTPUT.detach()  # the loop has stopped: the last lines, bounded
         if self.claims is not None:
             self.claims.close(timeout=CLOSE_BOUND)  # the last settlements, bounded
+        if self.tracer is not None:
+            self.tracer.shutdown(timeout=CLOSE_BOUND)  # the last spans, bounded
         self.ops.close()
         gc.unfreeze()  # an embedding process (a test run) goes on collecting as before
         gc.set_threshold(*self._gc_threshold)

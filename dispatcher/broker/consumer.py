@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -348,7 +349,9 @@ class Consumer:
             log.exception("message properties could not be read", binding=self.name)
             message = AmqpMessage(body, {})
             unreadable = Unreadable(f"{type(e).__name__}: {e}", b"")
-        received = Received(generation, tag, bool(method.redelivered), message, unreadable, state)
+        received = Received(
+            generation, tag, bool(method.redelivered), message, unreadable, state, time.time_ns()
+        )
         if current and (self._waiting or not self._may_start()):
             self._waiting.append(received)
             return

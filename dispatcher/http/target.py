@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from dispatcher import tracing
 from dispatcher.bearer import BearerToken
 from dispatcher.breaker import PASS, CircuitBreaker, CircuitState, Pass
 from dispatcher.config import DeliverySettings
@@ -82,6 +83,7 @@ class HttpTarget:
         self._retried = retried_statuses(delivery.retry_on)
         self._extra_headers = [f"{name}: {value}" for name, value in extra_headers]
         self._bearer = bearer
+        self._peer = tracing.peer(endpoint.url)
         self._backoff = Backoff(
             delivery.backoff_policy, delivery.backoff_delay, delivery.backoff_max
         )
@@ -122,7 +124,7 @@ class HttpTarget:
                     deadline = max(deadline + now - waited_from, now + self._delivery.timeout)
                 given = admitted
             attempted = waits.time()
-            response = await self._attempt(headers, request.body, deadline)
+            response = await self._attempt(headers, request.body, deadline, made)
             made += 1
             decision = classify(response.status, self._retried)
             if self._breaker is not None:
@@ -147,6 +149,7 @@ class HttpTarget:
             wait = self._retry_wait(decision, number, response, refusal, deadline)
             if wait is None:
                 return Outcome(Result.FAILED, response, made, refusal)
+            tracing.note("retry wait", {"seconds": round(wait, 6), "attempt": made})
             if not await waits.sleep(wait):
                 return Outcome(Result.ABANDONED, response, made, refusal)
 
@@ -161,6 +164,7 @@ class HttpTarget:
         if breaker is not None:
             admitted = breaker.admit()
             if not isinstance(admitted, Pass):
+                tracing.note("circuit breaker hold")
                 held = await waits.wait(admitted, since + breaker.hold_max - waits.time())
                 if held is None:
                     breaker.withdraw(admitted)
@@ -184,14 +188,25 @@ class HttpTarget:
             self._breaker.release(given)
         return Result.ABANDONED
 
-    async def _attempt(self, headers: list[str], body: bytes, deadline: float) -> Response:
+    async def _attempt(
+        self, headers: list[str], body: bytes, deadline: float, made: int
+    ) -> Response:
+        """One request. ``made``: the attempts before it (its resend count)."""
         waits = self._waits
         budget = min(self._delivery.timeout, deadline - waits.time())
         started = waits.time()
         sent = headers if self._bearer is None else [*headers, self._bearer.header()]
+        span = tracing.CURRENT.get()
+        attempt = None
+        if span is not None:
+            # The subscriber's span becomes a child of this attempt's.
+            attempt = span.attempt(self._peer, made)
+            sent = [*sent, *attempt.header_lines]
         response = await self._client.post(
             self._endpoint, sent, body, max(budget, 0.001), self._reading
         )
+        if attempt is not None:
+            attempt.end(response.status, response.error, response.timed_out)
         if self._observe is not None:
             self._observe(response.status, waits.time() - started)
         return response

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -28,7 +28,17 @@ class Reply:
     hang: bool = False  # never answer (until the server stops)
 
 
-Behaviour = Callable[[Received, int], Reply]  # (request, 0-based index) -> reply
+Behaviour = Callable[[Received, int], Reply]
+
+
+def _fields(lines: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Header names lower-cased; a repeated one joined with ", " as HTTP reads it,
+    so that a test sees a header that was sent twice."""
+    fields: dict[str, str] = {}
+    for name, value in lines:
+        key = name.lower()
+        fields[key] = f"{fields[key]}, {value}" if key in fields else value
+    return fields  # (request, 0-based index) -> reply
 
 
 class Subscriber:
@@ -86,7 +96,7 @@ class Subscriber:
                 body = self.rfile.read(length)
                 received = Received(
                     self.path,
-                    {k.lower(): v for k, v in self.headers.items()},
+                    _fields(self.headers.items()),
                     body,
                     time.monotonic(),
                     self.command,
@@ -119,7 +129,7 @@ class Subscriber:
             def _other(self) -> None:
                 received = Received(
                     self.path,
-                    {k.lower(): v for k, v in self.headers.items()},
+                    _fields(self.headers.items()),
                     b"",
                     time.monotonic(),
                     self.command,

@@ -241,7 +241,15 @@ def test_effective_config_round_trips_through_yaml(
 def test_render_lists_keys_in_product_order(tmp_path: Path, tls_files: dict[str, str]) -> None:
     settings = load_settings(write(tmp_path, full_yaml(tls_files)), {})
     document = yaml.safe_load(render_effective_config(settings))
-    assert list(document) == ["broker", "http", "shutdown", "logging", "dedupe", "tracing", "bindings"]
+    assert list(document) == [
+        "broker",
+        "http",
+        "shutdown",
+        "logging",
+        "dedupe",
+        "tracing",
+        "bindings",
+    ]
     assert list(document["broker"]) == [
         "url",
         "heartbeat",
@@ -454,7 +462,8 @@ def test_bad_duration_in_a_file_names_the_key() -> None:
 
 def test_unknown_top_level_key() -> None:
     assert error_of(brokers={}) == (
-        "brokers: unknown key (expected one of: bindings, broker, dedupe, http, logging, shutdown, tracing)"
+        "brokers: unknown key (expected one of: "
+        "bindings, broker, dedupe, http, logging, shutdown, tracing)"
     )
 
 

@@ -34,7 +34,9 @@ def test_off_by_default_with_the_contract_s_defaults():
 
 
 def test_the_file_s_values():
-    t = tracing(enabled=True, endpoint="https://c.example/otlp/", sample_ratio=0.5, service_name="x")
+    t = tracing(
+        enabled=True, endpoint="https://c.example/otlp/", sample_ratio=0.5, service_name="x"
+    )
     assert t == TracingSettings(True, "https://c.example/otlp/", 0.5, "x")
     assert t.traces_url == "https://c.example/otlp/v1/traces"
 
