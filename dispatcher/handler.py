@@ -179,12 +179,19 @@ class Handler:
             event, problem = from_amqp.wrap_unreadable(
                 received.message, self._vhost, self._binding.queue, received.unreadable
             )
-        # W3C trace context rides along to the subscriber, replies and dead letters;
-        # with a span of ours, each attempt and publish sends its own instead.
-        trace = http_form.trace_headers(received.message.headers)
-        span = None if self._tracer is None else self._begin(received, event, trace)
-        if span is not None:
-            trace = {}
+        trace: Mapping[str, str] = {}
+        span = None
+        try:
+            # W3C trace context rides along to the subscriber, replies and dead
+            # letters; with a span of ours, each attempt and publish sends its own.
+            trace = http_form.trace_headers(received.message.headers)
+            if self._tracer is not None:
+                span = self._begin(received, event, trace)
+            if span is not None:
+                trace = {}
+        except Exception as e:  # a bug met by this message must not loop it: dead-letter it
+            self._log.exception("internal error while reading trace context", ce_id=event.id)
+            problem = f"internal error: {type(e).__name__}: {e}"
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
             self._filtered(event, received.redelivered)
             _end(span, "filtered")
