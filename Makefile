@@ -83,13 +83,14 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 
 # The service suite (W1-W7, tests/bench/run.py), a subscriber outage with and
 # without the circuit breaker (W8, tests/bench/outage.py), what one HTTP request costs in
-# each engine (the README's "Why libcurl"), what a filter costs per event, then
-# the batch side.
+# each engine (the README's "Why libcurl"), what a filter and tracing cost per
+# event, then the batch side.
 bench: $(VENV)/.bench-installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
 	$(PY) tests/bench/outage.py
 	$(PY) tests/bench/http_engines.py
 	$(PY) tests/bench/filter_cost.py
+	$(PY) tests/bench/trace_cost.py
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
 
 # Two replicas sharing a dedupe store under random broker, store, subscriber and

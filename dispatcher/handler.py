@@ -114,8 +114,8 @@ class _Final:
     reason: str | None = None
 
 
-# A span's outcome where the delivery line has none (no line is written).
-_SPAN_OUTCOMES: Final = {Action.REQUEUE: "requeued", Action.LEAVE: None, Action.REJECT: "rejected"}
+# A span's outcome when the claim decided (no delivery line is written); LEAVE: none.
+_CLAIM_OUTCOMES: Final = {Action.ACK: "duplicate", Action.REQUEUE: "requeued"}
 
 
 def _end(
@@ -179,26 +179,18 @@ class Handler:
             event, problem = from_amqp.wrap_unreadable(
                 received.message, self._vhost, self._binding.queue, received.unreadable
             )
-        trace: Mapping[str, str] = {}
-        span = None
         try:
-            # W3C trace context rides along to the subscriber, replies and dead
-            # letters; with a span of ours, each attempt and publish sends its own.
-            trace = http_form.trace_headers(received.message.headers)
-            if self._tracer is not None:
-                span = self._begin(received, event, trace)
-            if span is not None:
-                trace = {}
+            trace, span = self._trace(received, event)
         except Exception as e:  # a bug met by this message must not loop it: dead-letter it
             self._log.exception("internal error while reading trace context", ce_id=event.id)
-            problem = f"internal error: {type(e).__name__}: {e}"
+            trace, span, problem = {}, None, f"internal error: {type(e).__name__}: {e}"
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
             self._filtered(event, received.redelivered)
             _end(span, "filtered")
             return Action.ACK
         claim = await self._claim(event, received.redelivered)
         if isinstance(claim, Action):
-            _end(span, "duplicate" if claim is Action.ACK else _SPAN_OUTCOMES[claim])
+            _end(span, _CLAIM_OUTCOMES.get(claim))
             return claim
         if (claim is not None and self._waits.given_up) or not received.channel.open:
             # Grace ended while the claim was being made: no new request now. Or
@@ -226,12 +218,17 @@ class Handler:
         _end(span, final.outcome, final.attempts, final.status)
         return final.action
 
-    def _begin(
-        self, received: Received, event: Event, trace: Mapping[str, str]
-    ) -> tracing.DeliverySpan | None:
-        """The message's CONSUMER span, if it is sampled: the current span of this
+    def _trace(
+        self, received: Received, event: Event
+    ) -> tuple[Mapping[str, str], tracing.DeliverySpan | None]:
+        """The W3C headers to pass on, and the message's CONSUMER span if it is
+        sampled. Without a span the message's own headers ride along to the
+        subscriber, replies and dead letters; with one, none do: each attempt and
+        publish sends its own span's context. The span is the current one of this
         delivery's task from here on, and in every log line about it."""
-        assert self._tracer is not None
+        trace = http_form.trace_headers(received.message.headers)
+        if self._tracer is None:
+            return trace, None
         span = self._tracer.begin(
             self._binding.name,
             self._binding.queue,
@@ -242,10 +239,11 @@ class Handler:
             trace,
             received.arrived_ns or time.time_ns(),
         )
-        if span is not None:
-            tracing.CURRENT.set(span)
-            logs.bind_trace(span.trace_id, span.span_id)
-        return span
+        if span is None:
+            return trace, None
+        tracing.CURRENT.set(span)
+        logs.bind_trace(span.trace_id, span.span_id)
+        return {}, span
 
     async def _claim(self, event: Event, redelivered: bool) -> Claim | Action | None:
         """Duplicate suppression: the claim this attempt holds (None: no claim), or

@@ -104,6 +104,19 @@ def _dispatcher_prefetch(launch: Launch, index: int) -> list[str]:
     return _dispatcher(replace(launch, binding={**launch.binding, **prefetch}), index)
 
 
+def _dispatcher_traced(ratio: float) -> Callable[[Launch, int], list[str]]:
+    """Tracing on, exporting to the subscriber's nginx (``/v1/traces`` answers 200):
+    ``ratio`` 1 samples every message, 0 none (every one pays the decision only)."""
+
+    def argv(launch: Launch, index: int) -> list[str]:
+        endpoint = launch.subscriber.rstrip("/")
+        tracing = {"enabled": True, "endpoint": endpoint, "sample_ratio": ratio}
+        config = dispatcher_config(launch, index, {"tracing": tracing})
+        return [PYTHON, "-m", "dispatcher", "run", "--config", str(config)]
+
+    return argv
+
+
 def _pika_httpx(launch: Launch, _index: int) -> list[str]:
     script = str(SCRIPTS / "pika_httpx.py")
     return [
@@ -167,6 +180,12 @@ DISPATCHER_STORE: Final = Contender(
 DISPATCHER_PREFETCH: Final = Contender(
     "dispatcher-prefetch", "dispatcher run, prefetch 2x parallelism", _dispatcher_prefetch
 )
+DISPATCHER_TRACED: Final = Contender(
+    "dispatcher-traced", "dispatcher run, tracing, every message sampled", _dispatcher_traced(1.0)
+)
+DISPATCHER_UNSAMPLED: Final = Contender(
+    "dispatcher-unsampled", "dispatcher run, tracing, no message sampled", _dispatcher_traced(0.0)
+)
 DISPATCHER_X2: Final = Contender("dispatcher", "dispatcher run x2", _dispatcher, processes=2)
 PIKA_HTTPX: Final = Contender("a", "(a) pika + httpx.Client, sequential", _pika_httpx)
 AIOPIKA_AIOHTTP: Final = Contender("b", "(b) aio-pika + aiohttp, tasks", _aiopika_aiohttp)
@@ -191,6 +210,8 @@ KEYS: Final = (
     "dispatcher-cesql",
     "dispatcher-store",
     "dispatcher-prefetch",
+    "dispatcher-traced",
+    "dispatcher-unsampled",
     "a",
     "b",
     "c",

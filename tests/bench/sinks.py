@@ -46,6 +46,10 @@ http {{
             access_log {log} receipt;
             return 202;
         }}
+        # A trace collector that takes every export (the traced contenders).
+        location = /v1/traces {{
+            return 200;
+        }}
     }}
 }}
 """

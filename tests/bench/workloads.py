@@ -2,7 +2,7 @@
 
 | | events | parallelism | subscriber | contenders |
 |---|---|---|---|---|
-| W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six; dispatcher + filter, + store |
+| W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six; ours + filter, store, prefetch, tracing |
 | W2 | 1,000 msg/s for 30 s | 50 | asyncio, 202 at once | dispatcher, (a), (b), pika floor |
 | W3 | 5k pre-loaded ((a): 200) | 100 | asyncio, 202 after 100 ms | consumers + HTTP ceilings |
 | W4 | 200k pre-loaded ((a): 20k) | 100 | nginx | dispatcher, (b), (a) |
@@ -26,6 +26,8 @@ from tests.bench.lineup import (
     DISPATCHER_FILTERED,
     DISPATCHER_PREFETCH,
     DISPATCHER_STORE,
+    DISPATCHER_TRACED,
+    DISPATCHER_UNSAMPLED,
     DISPATCHER_X2,
     GO_PEER,
     HTTP_AIOHTTP,
@@ -102,6 +104,8 @@ def catalogue(quick: bool) -> dict[str, Workload]:
             DISPATCHER_CESQL,
             DISPATCHER_STORE,
             DISPATCHER_PREFETCH,
+            DISPATCHER_TRACED,
+            DISPATCHER_UNSAMPLED,
             *lineup[1:],
         ),
         events=size(20_000, 2_000),
@@ -110,7 +114,8 @@ def catalogue(quick: bool) -> dict[str, Workload]:
         repeat=size(3, 1),
         note="The filtered dispatcher passes every event through a 5-entry filter "
         "(tests/bench/lineup.py); the store row claims and settles every event in the "
-        "Redis at 127.0.0.1:6379 (dedupe.store). Ceilings: pika auto-ack is its own subscriber "
+        "Redis at 127.0.0.1:6379 (dedupe.store); the traced rows export spans over OTLP/HTTP to "
+        "nginx (every message sampled, or none). Ceilings: pika auto-ack is its own subscriber "
         "(receipt = delivery to the consumer); the HTTP ceilings post straight to nginx, "
         "50 at a time (aiohttp tasks; 50 threads sharing one httpx.Client).",
     )
