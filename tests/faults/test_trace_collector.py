@@ -11,7 +11,6 @@ here faults it.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -85,18 +84,11 @@ def test_a_collector_down_for_30s_under_load_costs_spans_never_deliveries(scene)
 
 def test_a_collector_that_never_answers_holds_no_delivery(scene):
     collector, sub, svc = scene
-    release = threading.Event()
-    original = collector._take
-
-    def hang(body: bytes, headers: dict[str, str]) -> int:
-        release.wait(60)
-        return original(body, headers)
-
-    collector._take = hang  # type: ignore[method-assign]
+    collector.hang()
     try:
         ids = publish_for(svc.queue, 10.0, "hang")
         svc.wait_events("delivered", len(ids), timeout=30)
         assert max(latencies(sub)) < 2.0
         assert sorted(sub.ids()) == ids
     finally:
-        release.set()
+        collector.answer_again()

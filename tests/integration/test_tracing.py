@@ -155,7 +155,9 @@ def test_a_retried_delivery_has_an_attempt_span_each_and_the_wait_as_an_event(
     assert sent == [first.span_id, second.span_id]
 
 
-def test_a_transport_error_is_an_error_type_not_a_status(make_subscriber, traced, collector):
+def test_a_transport_error_is_an_error_type_not_a_status(
+    make_subscriber, traced, collector, capsys
+):
     sub = make_subscriber()
     url = sub.url
     sub.close()  # nothing listens there now
@@ -169,6 +171,15 @@ def test_a_transport_error_is_an_error_type_not_a_status(make_subscriber, traced
     assert attempt.status == "ERROR"
     assert consumer.status == "ERROR"
     assert consumer.attributes["dispatcher.outcome"] == "rejected"
+    # A warning-level line (structlog's own path, not the batched delivery lines)
+    # carries the trace too.
+    [line] = [
+        json.loads(text)
+        for text in capsys.readouterr().out.splitlines()
+        if text.startswith("{") and '"delivery"' in text
+    ]
+    assert line["level"] == "warning"
+    assert (line["trace_id"], line["span_id"]) == (consumer.trace_id, consumer.span_id)
 
 
 def test_dead_letters_to_sink_and_exchange_are_spans_of_the_delivery(

@@ -68,6 +68,8 @@ class Collector:
     headers: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self._answering = threading.Event()
+        self._answering.set()
         self._cond = threading.Condition()
         self._port = 0
         self._server: ThreadingHTTPServer | None = None
@@ -94,7 +96,16 @@ class Collector:
             self._server.server_close()
             self._server = None
 
+    def hang(self) -> None:
+        """Take connections and requests, answer none (for up to a minute each)
+        until ``answer_again``: a collector that is stuck."""
+        self._answering.clear()
+
+    def answer_again(self) -> None:
+        self._answering.set()
+
     def _take(self, body: bytes, headers: dict[str, str]) -> int:
+        self._answering.wait(60)
         request = ExportTraceServiceRequest.FromString(body)
         with self._cond:
             self.requests += 1

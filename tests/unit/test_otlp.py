@@ -122,21 +122,16 @@ def test_a_collector_that_answers_500_costs_spans(collector, monkeypatch):
 
 
 def test_shutdown_is_bounded_when_the_collector_hangs(collector):
-    hang = threading.Event()
-    original = collector._take
-
-    def slow(body: bytes, headers: dict[str, str]) -> int:
-        hang.wait(30)
-        return original(body, headers)
-
-    collector._take = slow  # type: ignore[method-assign]
+    collector.hang()
     t = tracer(collector, batch_size=2, schedule_delay=0.05)
-    deliver(t)
-    wait_until(lambda: t.taken == 2, 10, "an export under way")
-    done = threading.Event()
-    threading.Thread(target=lambda: (t.shutdown(0.5), done.set()), daemon=True).start()
-    assert done.wait(5), "shutdown waited for a collector that does not answer"
-    hang.set()
+    try:
+        deliver(t)
+        wait_until(lambda: t.taken == 2, 10, "an export under way")
+        done = threading.Event()
+        threading.Thread(target=lambda: (t.shutdown(0.5), done.set()), daemon=True).start()
+        assert done.wait(5), "shutdown waited for a collector that does not answer"
+    finally:
+        collector.answer_again()
 
 
 def test_peer_drops_userinfo_and_keeps_a_query_only_if_there_is_one():
