@@ -108,7 +108,9 @@ class Received:
 @dataclass(frozen=True, slots=True)
 class _Final:
     action: Action
-    outcome: str | None  # the log/metric outcome; None for LEAVE
+    # The log/metric outcome (None for LEAVE), or, for a message that writes no
+    # delivery line, its span's: filtered, duplicate, requeued.
+    outcome: str | None
     attempts: int
     status: int | None  # None: no HTTP status (timeout, transport error, our own decision)
     reason: str | None = None
@@ -116,16 +118,6 @@ class _Final:
 
 # A span's outcome when the claim decided (no delivery line is written); LEAVE: none.
 _CLAIM_OUTCOMES: Final = {Action.ACK: "duplicate", Action.REQUEUE: "requeued"}
-
-
-def _end(
-    span: tracing.DeliverySpan | None,
-    outcome: str | None,
-    attempts: int = 0,
-    status: int | None = None,
-) -> None:
-    if span is not None:
-        span.end(outcome, attempts, status)
 
 
 def longest_attempt(binding: BindingSettings, subscriber: Target) -> float:
@@ -184,14 +176,32 @@ class Handler:
         except Exception as e:  # a bug met by this message must not loop it: dead-letter it
             self._log.exception("internal error while reading trace context", ce_id=event.id)
             trace, span, problem = {}, None, f"internal error: {type(e).__name__}: {e}"
+        if span is None:
+            return (await self._decide(received, event, problem, trace, started)).action
+        try:
+            final = await self._decide(received, event, problem, trace, started)
+        except BaseException:
+            span.end("error", 0, None)  # a bug: the engine gives the message back
+            raise
+        span.end(final.outcome, final.attempts, final.status)
+        return final.action
+
+    async def _decide(
+        self,
+        received: Received,
+        event: Event,
+        problem: str | None,
+        trace: Mapping[str, str],
+        started: float,
+    ) -> _Final:
+        """The message's fate. The outcome of a message that writes no delivery
+        line (filtered, a suppressed duplicate, a busy claim) is its span's."""
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
             self._filtered(event, received.redelivered)
-            _end(span, "filtered")
-            return Action.ACK
+            return _Final(Action.ACK, "filtered", 0, None)
         claim = await self._claim(event, received.redelivered)
         if isinstance(claim, Action):
-            _end(span, _CLAIM_OUTCOMES.get(claim))
-            return claim
+            return _Final(claim, _CLAIM_OUTCOMES.get(claim), 0, None)
         if (claim is not None and self._waits.given_up) or not received.channel.open:
             # Grace ended while the claim was being made: no new request now. Or
             # the message's channel closed before anything was sent: the broker
@@ -203,8 +213,7 @@ class Handler:
                 self._log.info(
                     "channel closed before the request: left for redelivery", ce_id=event.id
                 )
-            _end(span, None)
-            return Action.LEAVE
+            return _Final(Action.LEAVE, None, 0, None)
         settled = False
         try:
             final = await self._settle(event, problem, received, started, trace)
@@ -215,8 +224,7 @@ class Handler:
         if settled:
             self._returns.settled(event.key)
         self._record(received, event, final, started)
-        _end(span, final.outcome, final.attempts, final.status)
-        return final.action
+        return final
 
     def _trace(
         self, received: Received, event: Event

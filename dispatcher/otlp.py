@@ -66,8 +66,9 @@ _PROPAGATOR: Final = TraceContextTextMapPropagator()
 _TRACEPARENT: Final = TraceContextTextMapPropagator._TRACEPARENT_HEADER_FORMAT_RE
 _NO_ID: Final = frozenset({"0" * 32, "0" * 16})
 _UNSET: Final = Status(StatusCode.UNSET)
-# Outcomes that end a consumer span in error: the event did not reach its subscriber.
-_FAILED: Final = frozenset({"dead_lettered", "rejected"})
+# Outcomes that end a consumer span in error: the event did not reach its
+# subscriber, or handling it met a bug.
+_FAILED: Final = frozenset({"dead_lettered", "rejected", "error"})
 
 Dropped = Callable[[int], None]
 # What ``_parent`` says of a parent that is not sampled, before anything is built.

@@ -365,3 +365,24 @@ def test_userinfo_never_reaches_a_span(make_subscriber, traced, collector):
     everything = repr([(s.attributes, s.events, s.status_message) for s in collector.spans])
     assert "s3cr3t" not in everything and "user" not in everything
     assert sub.requests[0].headers["authorization"].startswith("Basic ")
+
+
+def test_a_bug_while_handling_ends_the_span_in_error(make_subscriber, traced, collector):
+    sub = make_subscriber()
+    svc = traced(sub.url)
+    dedupe = svc.service.engine._handlers["b"]._dedupe
+
+    async def broken(_key, _wait):
+        raise RuntimeError("boom")
+
+    # A first delivery claims with claim_first; its redelivery, with claim_or_wait.
+    dedupe.claim_first = broken
+    publish(svc.queue, headers=event_headers("t-12"))
+    svc.wait_events("delivered", 1)  # given back by the engine, then delivered
+    spans = collector.wait_for(
+        lambda spans: len(by_kind(spans, "CONSUMER")) == 2, what="both consumer spans"
+    )
+    failed, delivered = sorted(by_kind(spans, "CONSUMER"), key=lambda s: s.start_ns)
+    assert (failed.attributes["dispatcher.outcome"], failed.status) == ("error", "ERROR")
+    assert delivered.attributes["dispatcher.outcome"] == "delivered"
+    assert len(sub.requests) == 1
