@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher.errors import BatchInputError
+from dispatcher.pipeline import chart
 from dispatcher.pipeline import spark as spark_session
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ class Report:
     errors: list[dict[str, Any]]
     attempts: list[dict[str, Any]]
     by_binding: list[dict[str, Any]]
+    # Per binding (or the rest together) and minute, for the chart (``chart``).
+    timeline: list[dict[str, Any]]
 
     @property
     def skipped(self) -> int:
@@ -139,13 +142,15 @@ def build(spark: SparkSession, paths: Sequence[str]) -> Report:
     classified = (
         classify(lines)
         .select("kind", "binding", "outcome", "ce_id", "ce_type", "attempts", "status",
-                "duration_ms")
+                "duration_ms", "timestamp")
         .persist(StorageLevel.MEMORY_AND_DISK)
     )  # fmt: skip
     try:
         totals = classified.groupBy("kind").count().collect()
         by_kind = {row["kind"]: int(row["count"]) for row in totals}
         records = classified.where(F.col("kind") == "record").drop("kind")
+        by_binding = _rows(binding_table(records))
+        shown = chart.shown_bindings(by_binding)
         return Report(
             lines=sum(by_kind.values()),
             records=by_kind.get("record", 0),
@@ -154,7 +159,8 @@ def build(spark: SparkSession, paths: Sequence[str]) -> Report:
             summary=_rows(summary_table(records)),
             errors=_rows(errors_table(records)),
             attempts=_rows(attempts_table(records)),
-            by_binding=_rows(binding_table(records)),
+            by_binding=by_binding,
+            timeline=_rows(timeline_table(records, shown)),
         )
     finally:
         classified.unpersist()
@@ -172,6 +178,9 @@ def classify(lines: DataFrame) -> DataFrame:
             T.StructField("attempts", T.LongType()),
             T.StructField("status", T.LongType()),
             T.StructField("duration_ms", T.DoubleType()),
+            # Not a rule: a record without a readable one is left out of the
+            # chart's time rows only.
+            T.StructField("timestamp", T.StringType()),
         ]
     )
     text = F.expr("substring(value, instr(value, '{'))")
@@ -278,6 +287,25 @@ def binding_table(records: DataFrame) -> DataFrame:
     )
 
 
+def timeline_table(records: DataFrame, shown: Sequence[str]) -> DataFrame:
+    """Per group (a binding of ``shown``, else ``chart.OTHERS``) and minute (epoch
+    seconds, UTC): outcome counts and p95 latency."""
+    from pyspark.sql import functions as F
+
+    group = F.when(F.col("binding").isin(*shown), F.col("binding")).otherwise(F.lit(chart.OTHERS))
+    seconds = F.to_timestamp("timestamp").cast("double")
+    return (
+        records.select("*", group.alias("group"), (F.floor(seconds / 60) * 60).alias("minute"))
+        .where(F.col("minute").isNotNull())
+        .groupBy("group", "minute")
+        .agg(
+            *(F.sum(F.when(F.col("outcome") == o, 1).otherwise(0)).alias(o) for o in OUTCOMES),
+            F.percentile_approx("duration_ms", 0.95, ACCURACY).alias("p95_ms"),
+        )
+        .orderBy("group", "minute")
+    )
+
+
 def _rows(frame: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in frame.collect()]
 
@@ -303,9 +331,7 @@ def write(spark: SparkSession, report: Report, out: Path, inputs: Sequence[str])
     }
     _atomic_write(out / "counts.json", (json.dumps(counts, indent=2) + "\n").encode())
     _atomic_write(out / "summary.md", markdown(report, inputs).encode())
-    from dispatcher.pipeline import chart
-
-    _atomic_write(out / "report.png", chart.render(report.by_binding))
+    _atomic_write(out / "report.png", chart.render(report.by_binding, report.timeline))
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:

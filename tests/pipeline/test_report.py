@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dispatcher import cli
-from dispatcher.pipeline import report
+from dispatcher.pipeline import chart, report
 from tests.support import delivery_logs
 
 pytestmark = pytest.mark.spark
@@ -111,6 +111,33 @@ def test_markdown_and_chart(
     width = int.from_bytes(png[16:20], "big")
     height = int.from_bytes(png[20:24], "big")
     assert width >= 600 and height >= 300
+
+
+def test_the_chart_s_rows_over_time_show_an_outage_where_and_when_it_was(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A day of 20 bindings; ``orders`` down for ten minutes from 13:00 UTC."""
+    logs = tmp_path / "day.log"
+    logs.write_text("".join(line + "\n" for line in delivery_logs.incident_lines()))
+    built = report.build(spark, [str(logs)])
+    groups = {row["group"] for row in built.timeline}
+    assert groups == {*chart.shown_bindings(built.by_binding), chart.OTHERS}
+    assert "orders" in groups and len(groups) == chart.SHOWN
+    day = 1_795_132_800  # 2026-11-20T00:00:00Z
+    dead = {
+        (row["minute"] - day) // 60
+        for row in built.timeline
+        if row["group"] == "orders" and row["dead_lettered"]
+    }
+    assert dead == set(range(13 * 60, 13 * 60 + 10))
+    minutes = [row for row in built.timeline if row["group"] == chart.OTHERS]
+    assert len(minutes) == 24 * 60
+    # Every record is in exactly one minute of one row.
+    assert sum(row[o] for row in built.timeline for o in report.OUTCOMES) == built.records
+    slow = [row["p95_ms"] for row in built.timeline if row["group"] == "orders"]
+    assert max(slow) >= 9000 and min(slow) < 100
+    png = chart.render(built.by_binding, built.timeline)
+    assert png.startswith(PNG_SIGNATURE)
 
 
 def test_files_and_globs_select_what_they_name(

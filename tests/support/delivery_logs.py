@@ -106,6 +106,38 @@ def write_logs(folder: Path, count: int, files: int = 4, seed: int = 7) -> list[
     return everything
 
 
+def incident_lines(
+    bindings: int = 20, outage: tuple[int, int] = (13 * 60, 13 * 60 + 10), seed: int = 3
+) -> Iterator[str]:
+    """A day of delivery lines (UTC, 2026-11-20) from ``bindings`` bindings, the
+    first (``orders``) busiest, whose subscriber is down from minute ``outage[0]``
+    to ``outage[1]``: every event then dead-lettered after its retries, slowly."""
+    rng = random.Random(seed)
+    names = ["orders", *(f"binding-{i:02d}" for i in range(1, bindings))]
+    for minute in range(24 * 60):
+        for index, name in enumerate(names):
+            for n in range(5 if index == 0 else 1 + index % 3):
+                down = index == 0 and outage[0] <= minute < outage[1]
+                took = rng.uniform(9000, 12000) if down else rng.lognormvariate(2.0, 0.5)
+                at = f"{minute // 60:02d}:{minute % 60:02d}:{rng.uniform(0, 59.999):09.6f}"
+                yield json.dumps(
+                    {
+                        "binding": name,
+                        "outcome": "dead_lettered" if down else "delivered",
+                        "ce_id": f"{name}-{minute}-{n}",
+                        "ce_type": TYPES[n % len(TYPES)],
+                        "ce_source": f"/{name}",
+                        "attempts": 6 if down else 1,
+                        "status": 503 if down else 202,
+                        "duration_ms": round(took, 3),
+                        "redelivered": False,
+                        "event": "delivery",
+                        "level": "info",
+                        "timestamp": f"2026-11-20T{at}Z",
+                    }
+                )
+
+
 # --------------------------------------------------------------------- the reference
 
 
