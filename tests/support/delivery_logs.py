@@ -16,6 +16,7 @@ import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -174,9 +175,18 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def nearest_rank(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between the two nearest ranks (PERCENTILE.INC), the
+    report's definition, in the same floating-point steps as Spark's
+    ``percentile``, rounded half up to 3 places as the report writes it."""
     ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    position = q * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    if low == high:
+        value = ordered[low]
+    else:
+        value = (high - position) * ordered[low] + (position - low) * ordered[high]
+    return float(Decimal(repr(value)).quantize(Decimal("0.001"), rounding=ROUND_HALF_UP))
 
 
 def expected(all_lines: Iterable[str]) -> dict[str, Any]:
@@ -198,9 +208,9 @@ def expected(all_lines: Iterable[str]) -> dict[str, Any]:
                 **{o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES},
                 "duplicates": sum(1 for n in delivered.values() if n > 1),
                 "mean_attempts": sum(r["attempts"] for r in rows) / len(rows),
-                "p50_ms": nearest_rank(durations, 0.5),
-                "p95_ms": nearest_rank(durations, 0.95),
-                "p99_ms": nearest_rank(durations, 0.99),
+                "p50_ms": percentile(durations, 0.5),
+                "p95_ms": percentile(durations, 0.95),
+                "p99_ms": percentile(durations, 0.99),
             }
         )
     errors: Counter[tuple[str, int]] = Counter()
