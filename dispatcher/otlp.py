@@ -25,11 +25,9 @@ How the SDK is called, and why:
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -37,10 +35,10 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import Event as SpanEvent
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
-    INVALID_SPAN_ID,
     NonRecordingSpan,
     SpanContext,
     SpanKind,
@@ -52,6 +50,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from dispatcher import __version__
 from dispatcher.config import TracingSettings, redact_url
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
@@ -60,6 +59,7 @@ from dispatcher.tracing import Peer
 log = get_logger()
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_IDS: Final = RandomIdGenerator()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 # The propagator's own pattern for a traceparent, read here for one thing only:
 # whether a well-formed parent says "not sampled" (its extract costs 6 us).
@@ -73,20 +73,6 @@ _FAILED: Final = frozenset({"dead_lettered", "rejected", "error"})
 Dropped = Callable[[int], None]
 # What ``_parent`` says of a parent that is not sampled, before anything is built.
 UNSAMPLED: Final = SpanContext(1, 1, True, TraceFlags(0))
-
-
-def _package_version() -> str:
-    try:
-        return version("dispatcher")
-    except PackageNotFoundError:  # run from a source tree
-        return "0"
-
-
-def _span_id() -> int:
-    span_id = random.getrandbits(64)
-    while span_id == INVALID_SPAN_ID:
-        span_id = random.getrandbits(64)
-    return span_id
 
 
 def _headers(context: SpanContext) -> dict[str, str]:
@@ -110,7 +96,7 @@ class OtlpTracer:
         # OTEL_RESOURCE_ATTRIBUTES joins in here; the service name is the
         # setting's, which OTEL_SERVICE_NAME already overrode (config.otel).
         self.resource = _Resource(Resource.create({SERVICE_NAME: settings.service_name}))
-        self.scope = InstrumentationScope("dispatcher", _package_version())
+        self.scope = InstrumentationScope("dispatcher", __version__)
         self.dropped = dropped
         self._limit = queue_size
         self.given = 0  # spans handed to the processor (the loop's count)
@@ -142,14 +128,15 @@ class OtlpTracer:
         if parent is UNSAMPLED:
             return None  # parent-based: an unsampled parent is followed
         if parent is None:
-            trace_id = random.getrandbits(128)
-            if (trace_id & TraceIdRatioBased.TRACE_ID_LIMIT) >= self._bound or not trace_id:
+            trace_id = _IDS.generate_trace_id()
+            if (trace_id & TraceIdRatioBased.TRACE_ID_LIMIT) >= self._bound:
                 return None
-            context = SpanContext(trace_id, _span_id(), False, _SAMPLED)
+            context = SpanContext(trace_id, _IDS.generate_span_id(), False, _SAMPLED)
         elif not parent.trace_flags.sampled:
             return None
         else:
-            context = SpanContext(parent.trace_id, _span_id(), False, _SAMPLED, parent.trace_state)
+            span_id = _IDS.generate_span_id()
+            context = SpanContext(parent.trace_id, span_id, False, _SAMPLED, parent.trace_state)
         attributes: dict[str, Any] = {
             "messaging.system": "rabbitmq",
             "messaging.destination.name": queue,
@@ -290,7 +277,7 @@ class _Delivery:
 
     def child(self) -> SpanContext:
         c = self.context
-        return SpanContext(c.trace_id, _span_id(), False, _SAMPLED, c.trace_state)
+        return SpanContext(c.trace_id, _IDS.generate_span_id(), False, _SAMPLED, c.trace_state)
 
     def attempt(self, peer: Peer, resend_count: int) -> _Attempt:
         return _Attempt(self, peer, resend_count)
@@ -422,6 +409,3 @@ class _CountedExporter(SpanExporter):
 
     def shutdown(self) -> None:
         self._inner.shutdown()  # type: ignore[no-untyped-call]
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
