@@ -38,7 +38,7 @@ from typing import Final
 from dispatcher.config import UNACKED_MAX, CircuitBreakerSettings
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future, Loop, Timer
-from dispatcher.metrics import BindingMetrics
+from dispatcher.metrics import BreakerMetrics
 
 log = get_logger()
 
@@ -135,9 +135,8 @@ class CircuitBreaker:
         if not future.done():
             self._waiting.remove(future)
             future.resolve(None)
-        elif future.result() is PROBE:
-            self._probe_out = False
-            self._next_probe()
+        else:
+            self.release(future.result() or PASS)
 
     def release(self, given: Pass) -> None:
         """``given`` will not be used (shutdown, its message is gone): a probe goes
@@ -232,13 +231,13 @@ class CircuitBreaker:
             future.resolve(None)
 
 
-def reported(binding: str, metrics: BindingMetrics) -> Transition:
+def reported(binding: str, metrics: BreakerMetrics) -> Transition:
     """What a transition of ``binding``'s breaker shows: the state gauge, the
     transition counter and one ``event: "circuit"`` line."""
 
     def transition(was: CircuitState, to: CircuitState, failures: int, attempts: int) -> None:
-        metrics.circuit_state.set(int(to))
-        metrics.circuit_transitions[to.label].inc()
+        metrics.state.set(int(to))
+        metrics.transitions[to.label].inc()
         say = log.warning if to is CircuitState.OPEN else log.info
         fields = {"from": was.label, "to": to.label, "failures": failures, "attempts": attempts}
         say("circuit", binding=binding, **fields)

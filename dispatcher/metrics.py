@@ -9,7 +9,8 @@ load), an outcome, a status class, a reconnect reason. Never an event id or URL.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily
@@ -220,16 +221,14 @@ class Metrics:
         self.stale_acks.labels(binding)
         self.duplicates_suppressed.labels(binding)
 
-    def register_breaker(
-        self, binding: str, max_open: float, open_seconds: Callable[[], float]
-    ) -> None:
-        """The breaker's series, for a binding that has one: closed, no transition
-        yet; ``open_seconds`` is read when scraped."""
-        self.circuit_state.labels(binding).set(0)
+    def register_breaker(self, binding: str, max_open: float) -> BreakerMetrics:
+        """The breaker's series, only for a binding that has one: closed, no
+        transition yet (its open time: ``BreakerMetrics.open_seconds``)."""
+        state = self.circuit_state.labels(binding)
+        state.set(0)
         self.circuit_max_open.labels(binding).set(max_open)
-        self.circuit_open_seconds.labels(binding).set_function(open_seconds)
-        for state in CIRCUIT_STATES:
-            self.circuit_transitions.labels(binding, state)
+        transitions = {s: self.circuit_transitions.labels(binding, s) for s in CIRCUIT_STATES}
+        return BreakerMetrics(state, transitions, self.circuit_open_seconds.labels(binding))
 
     def binding(self, binding: str) -> BindingMetrics:
         """The children of one binding, looked up once: ``labels()`` on every message
@@ -242,6 +241,16 @@ class Metrics:
         return 0.0 if found is None else found
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerMetrics:
+    """What a binding's breaker moves on a transition (``breaker.reported``)."""
+
+    state: Gauge
+    transitions: Mapping[str, Counter]
+    # Given the breaker's ``open_seconds`` (``set_function``): read when scraped.
+    open_seconds: Gauge
+
+
 class BindingMetrics:
     """One binding's labelled metric children, for the per-message path."""
 
@@ -252,10 +261,6 @@ class BindingMetrics:
         self.inflight = metrics.inflight.labels(binding)
         self.duplicates_suppressed = metrics.duplicates_suppressed.labels(binding)
         self.rate_limited = metrics.rate_limited.labels(binding)
-        self.circuit_state = metrics.circuit_state.labels(binding)
-        self.circuit_transitions = {
-            s: metrics.circuit_transitions.labels(binding, s) for s in CIRCUIT_STATES
-        }
 
     def observe_attempt(self, status: int | None, seconds: float) -> None:
         self.attempts[code_class(status)].inc()

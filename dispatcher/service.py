@@ -210,9 +210,9 @@ class Service:
         settings = binding.circuit_breaker
         if settings is None:
             return None
-        transition = reported(binding.name, self.metrics.binding(binding.name))
-        breaker = CircuitBreaker(settings, self.engine.loop, transition)
-        self.metrics.register_breaker(binding.name, settings.max_open, breaker.open_seconds)
+        metrics = self.metrics.register_breaker(binding.name, settings.max_open)
+        breaker = CircuitBreaker(settings, self.engine.loop, reported(binding.name, metrics))
+        metrics.open_seconds.set_function(breaker.open_seconds)
         self.engine.close_at_stop(breaker.close)
         self.breakers[binding.name] = breaker
         return breaker

@@ -203,8 +203,7 @@ def test_the_window_is_kept_in_bounded_memory(h: Harness) -> None:
 
 def test_a_transition_is_one_circuit_line_a_state_and_a_count() -> None:
     metrics = Metrics()
-    metrics.register_breaker("orders", 300.0, lambda: 0.0)
-    transition = reported("orders", metrics.binding("orders"))
+    transition = reported("orders", metrics.register_breaker("orders", 300.0))
     with structlog.testing.capture_logs() as logged:
         transition(CircuitState.CLOSED, CircuitState.OPEN, 12, 20)
         transition(CircuitState.OPEN, CircuitState.HALF_OPEN, 12, 20)

@@ -48,3 +48,16 @@ def test_blocked_gauge_is_one_while_any_connection_is_blocked():
     assert metrics.value("dispatcher_broker_blocked") == 1
     metrics.set_blocked("publisher", False)
     assert metrics.value("dispatcher_broker_blocked") == 0
+
+
+def test_breaker_series_exist_only_for_a_binding_with_a_breaker() -> None:
+    metrics = Metrics()
+    for name in ("plain", "guarded"):
+        metrics.register_binding(name)
+        metrics.binding(name)
+    metrics.register_breaker("guarded", 300.0)
+    sample = metrics.registry.get_sample_value
+    assert sample("dispatcher_circuit_state", {"binding": "guarded"}) == 0
+    assert sample("dispatcher_circuit_state", {"binding": "plain"}) is None
+    labels = {"binding": "plain", "to": "open"}
+    assert sample("dispatcher_circuit_transitions_total", labels) is None
