@@ -83,8 +83,13 @@ def number_in(low: float, high: float | None, *, low_open: bool) -> Callable[[ob
     def parse(value: object, key: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(key, f"must be a number, got {show(value)}")
-        number = float(value)
-        if not math.isfinite(number) or number < low or (low_open and number == low):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(key, "must be a finite number")
+        if number < low or (low_open and number == low):
             raise ConfigError(key, f"must be {'>' if low_open else '>='} {low:g}")
         if high is not None and number > high:
             raise ConfigError(key, f"must be <= {high:g}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -965,6 +966,14 @@ def test_circuit_breaker_defaults_match_product_md() -> None:
         ({"delivery": {"rate_limit": 0}}, "delivery.rate_limit: must be > 0"),
         ({"delivery": {"rate_limit": True}}, "delivery.rate_limit: must be a number, got true"),
         ({"delivery": {"rate_limit": "50/s"}}, "delivery.rate_limit: must be a number, got '50/s'"),
+        # Read from YAML as floats (.inf, .nan) or an integer no float holds.
+        ({"delivery": {"rate_limit": math.inf}}, "delivery.rate_limit: must be a finite number"),
+        ({"delivery": {"rate_limit": math.nan}}, "delivery.rate_limit: must be a finite number"),
+        ({"delivery": {"rate_limit": 10**400}}, "delivery.rate_limit: must be a finite number"),
+        (
+            {"circuit_breaker": {"failure_ratio": 10**400}},
+            "circuit_breaker.failure_ratio: must be a finite number",
+        ),
     ],
 )
 def test_protection_refused(keys: dict[str, object], error: str) -> None:
