@@ -131,7 +131,8 @@ class Consumer:
     def consumption(self) -> Consumption:
         """What ``/readyz`` says of this binding: consuming, paused by its circuit
         breaker on a channel that is fine, or neither."""
-        if self._paused() and self.ready and self.channel is not None and self.channel.is_open:
+        channel = self.channel  # read once: the ops thread asks while the loop changes it
+        if self._paused() and self.ready and channel is not None and channel.is_open:
             return "paused"
         return "up" if self.consumer_tags else "down"
 
