@@ -124,7 +124,13 @@ class HttpTarget:
                     deadline = max(deadline + now - waited_from, now + self._delivery.timeout)
                 given = admitted
             attempted = waits.time()
-            response = await self._attempt(headers, request.body, deadline, made)
+            try:
+                response = await self._attempt(headers, request.body, deadline, made)
+            except BaseException:
+                # A probe that is never recorded would keep the breaker half-open
+                # for ever: every later message held until hold_max.
+                self._unused(given)
+                raise
             made += 1
             decision = classify(response.status, self._retried)
             if self._breaker is not None:

@@ -353,3 +353,36 @@ def test_held_past_hold_max_is_returned(client, make_subscriber):
     assert outcome.result is Result.RETURNED
     assert outcome.attempts == 1 and len(sub.requests) == 1
     assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_a_probe_whose_attempt_raised_goes_to_the_next_attempt(client, make_subscriber):
+    """A bug during the probe's attempt (here the attempt observer) must not keep
+    the breaker half-open for ever, holding every later message until hold_max."""
+    sub = make_subscriber(lambda _r, i: Reply(503 if i == 0 else 200))
+    settings = CircuitBreakerSettings(
+        failure_ratio=0.5, min_attempts=1, window=10.0, open_for=0.02, max_open=0.02
+    )
+    breaker = CircuitBreaker(settings, client.loop, lambda *_: None, hold_max=2.0)
+    calls: list[int | None] = []
+
+    def observe(status: int | None, _seconds: float) -> None:
+        calls.append(status)
+        if len(calls) == 2:  # the probe's attempt
+            raise RuntimeError("boom")
+
+    delivery = DeliverySettings(retry=2, backoff_delay=0.01, backoff_max=0.05, timeout=0.5)
+    target = HttpTarget(
+        client.http, Endpoint(sub.url), delivery, client.waits, observe=observe, breaker=breaker
+    )
+
+    async def raising() -> str:
+        try:
+            await target.send(REQUEST)
+        except RuntimeError:
+            return "raised"
+        return "returned"
+
+    assert client.loop.run_until_complete(raising()) == "raised"
+    outcome = client.send(target)
+    assert outcome.result is Result.DELIVERED
+    assert breaker.state is CircuitState.CLOSED
