@@ -124,13 +124,7 @@ class HttpTarget:
                     deadline = max(deadline + now - waited_from, now + self._delivery.timeout)
                 given = admitted
             attempted = waits.time()
-            try:
-                response = await self._attempt(headers, request.body, deadline, made)
-            except BaseException:
-                # A probe that is never recorded would keep the breaker half-open
-                # for ever: every later message held until hold_max.
-                self._unused(given)
-                raise
+            response = await self._attempt(headers, request.body, deadline, made, given)
             made += 1
             decision = classify(response.status, self._retried)
             if self._breaker is not None:
@@ -195,26 +189,32 @@ class HttpTarget:
         return Result.ABANDONED
 
     async def _attempt(
-        self, headers: list[str], body: bytes, deadline: float, made: int
+        self, headers: list[str], body: bytes, deadline: float, made: int, given: Pass
     ) -> Response:
         """One request. ``made``: the attempts before it (its resend count)."""
         waits = self._waits
         budget = min(self._delivery.timeout, deadline - waits.time())
         started = waits.time()
         sent = headers if self._bearer is None else [*headers, self._bearer.header()]
-        span = tracing.CURRENT.get()
-        attempt = None
-        if span is not None:
-            # The subscriber's span becomes a child of this attempt's.
-            attempt = span.attempt(self._peer, made)
-            sent = [*sent, *attempt.header_lines]
-        response = await self._client.post(
-            self._endpoint, sent, body, max(budget, 0.001), self._reading
-        )
-        if attempt is not None:
-            attempt.end(response.status, response.error, response.timed_out)
-        if self._observe is not None:
-            self._observe(response.status, waits.time() - started)
+        try:
+            span = tracing.CURRENT.get()
+            attempt = None
+            if span is not None:
+                # The subscriber's span becomes a child of this attempt's.
+                attempt = span.attempt(self._peer, made)
+                sent = [*sent, *attempt.header_lines]
+            response = await self._client.post(
+                self._endpoint, sent, body, max(budget, 0.001), self._reading
+            )
+            if attempt is not None:
+                attempt.end(response.status, response.error, response.timed_out)
+            if self._observe is not None:
+                self._observe(response.status, waits.time() - started)
+        except BaseException:
+            # A probe that is never recorded would keep the breaker half-open for
+            # ever: every later message held until hold_max.
+            self._unused(given)
+            raise
         return response
 
     def _retry_wait(
