@@ -36,6 +36,7 @@ class Outage:
     def __init__(self, down: Reply) -> None:
         self.on = threading.Event()
         self.down = down
+        self.up = Reply(200)
         self.accepted: list[str] = []
         self.requests_while_down = 0
         self._lock = threading.Lock()
@@ -46,7 +47,7 @@ class Outage:
                 self.requests_while_down += 1
                 return self.down
             self.accepted.append(request.headers.get("ce-id", ""))
-            return Reply(200)
+            return self.up
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Scene:
     outage: Outage
     sink: Any
     node: RabbitNode
+    subscriber: Any
 
     def publish(self, ids: list[str]) -> None:
         publish_events(self.svc.queue, ids, url=self.node.url)
@@ -102,7 +104,7 @@ def scene(node: RabbitNode, make_subscriber, run_service) -> Callable[..., Scene
         if breaker is not None:
             config["circuit_breaker"] = breaker
         config.update(binding)
-        return Scene(run_service(sub.url, url=node.url, **config), outage, sink, node)
+        return Scene(run_service(sub.url, url=node.url, **config), outage, sink, node, sub)
 
     return start
 
@@ -327,3 +329,30 @@ def test_messages_waiting_for_a_slot_go_back_when_it_opens(scene):
     assert s.node.unacked(s.svc.queue) == 5  # the five held in the breaker
     assert s.node.consumers(s.svc.queue) == 0
     assert s.svc.events("dead_lettered") == 0 and s.svc.events("requeued") == 0
+
+
+def test_the_prefetch_bound_holds_through_open_half_open_and_recovery(scene):
+    """Invariant 8 through the breaker's pauses: consumers cancelled and started
+    again, held deliveries from before the pause still running when it ends. The
+    broker's own count of unacked messages never passes prefetch (6), and the
+    subscriber never sees more than parallelism (3) requests at once."""
+    s = scene(
+        {"min_attempts": 3, "open_for": "500ms", "max_open": "1s"},
+        Reply(503, delay=0.2),
+        parallelism=3,
+        prefetch=6,
+    )
+    ids = [f"b-{i:02d}" for i in range(40)]
+    s.publish(ids)
+    s.wait_state(OPEN)
+    samples = [s.node.unacked(s.svc.queue) for _ in range(3)]  # open, then probing
+    s.outage.up = Reply(200, delay=0.3)  # back, slowly: recovery takes seconds
+    s.outage.on.clear()
+    while s.svc.events("delivered") < len(ids):
+        samples.append(s.node.unacked(s.svc.queue))
+        assert len(samples) < 200, "the backlog never drained"
+    assert max(samples) <= 6, samples
+    assert len(samples) >= 6  # the bound was looked at through the recovery
+    assert s.subscriber.max_concurrent <= 3
+    assert sorted(set(s.outage.accepted)) == ids
+    assert s.svc.events("dead_lettered") == 0
