@@ -273,7 +273,8 @@ def _cancel_spark_jobs(until: threading.Event) -> None:
 
 
 def _error(message: str, code: int) -> int:
-    sys.stderr.write(f"dispatcher: {message}\n")
+    # One line each: a configuration with several problems lists them all.
+    sys.stderr.write("".join(f"dispatcher: {line}\n" for line in message.splitlines()))
     sys.stderr.flush()
     return code
 

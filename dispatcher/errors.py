@@ -37,16 +37,21 @@ not bad input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class DispatcherError(Exception):
     """Root of every error dispatcher raises on purpose."""
 
 
 class ConfigError(DispatcherError):
-    """Invalid configuration. ``str(err)`` is ``"<key>: <problem>"``."""
+    """Invalid configuration. ``str(err)`` is ``"<key>: <problem>"``, one line per
+    problem when a file has several: ``key``/``problem`` are the first, ``problems``
+    all of them, in the order of the keys' declarations."""
 
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(f"{key}: {problem}" if key else problem)
+    def __init__(self, key: str, problem: str, more: Sequence[tuple[str, str]] = ()) -> None:
+        self.problems = ((key, problem), *more)
+        super().__init__("\n".join(f"{k}: {p}" if k else p for k, p in self.problems))
         self.key = key
         self.problem = problem
 

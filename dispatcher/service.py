@@ -20,7 +20,7 @@ import resource
 import ssl
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -159,7 +159,7 @@ class Service:
 
         # One request to the reply URL per delivery attempt: a refused reply fails
         # the attempt, and the attempts are the subscriber's (reply.py).
-        single = replace(binding.delivery, retry=0)
+        single = binding.delivery.model_copy(update={"retry": 0})
         replier = Replier(
             binding.reply,
             binding.content_mode,

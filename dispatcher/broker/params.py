@@ -27,7 +27,7 @@ import pika
 import pika.exceptions
 
 from dispatcher.broker import amqp_properties
-from dispatcher.config import BrokerSettings, amqp, redact_url
+from dispatcher.config import BrokerSettings, redact_url
 from dispatcher.logs import get_logger
 from dispatcher.retry import Backoff
 from dispatcher.tls import tls_context
@@ -181,6 +181,6 @@ def describe_error(error: object) -> str:
 
 
 def virtual_host(broker: BrokerSettings) -> str:
-    """The virtual host of the first node (``config`` checks that every node names it),
-    read as pika reads it, without building the URL's parameters again."""
-    return amqp.virtual_host(broker.urls[0])
+    """The virtual host of the first node (``preflight`` checks that every node
+    names it), as pika reads it."""
+    return str(pika.URLParameters(broker.urls[0]).virtual_host)

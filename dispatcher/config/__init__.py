@@ -9,23 +9,23 @@ and HTTP sides build their connections from the settings.
 
 The modules, from the data up:
 
-``settings``
-    The settings tree: frozen dataclasses, nothing but data.
 ``redaction``
     ``redact_url``, and ``show``: how a value appears in a message.
 ``values``, ``durations``, ``urls``
     Parsers for one value each, ``(value, key) -> typed value`` or a
     ``ConfigError`` naming ``key``: scalars, names, headers and filters;
     durations; broker, store and HTTP URLs.
-``amqp``
-    A broker URL as pika will read it (virtual host, query parameters),
-    without importing pika.
+``filter_tree``
+    The ``filters`` key's entries (match, nesting, CESQL) as the service reads them.
 ``validation``
-    How a section is read (``Section``) and the kinds of rule a key can have:
-    each is a parser and the JSON Schema that says the same.
-``rules``
-    The rule of every key and the checks between keys of one section;
-    ``build`` reads a section with them.
+    ``Accepts``, what one key accepts: the parser pydantic calls, its JSON
+    Schema and how ``check`` writes it back, in the key's annotation.
+``settings``
+    The models: every key declared once (type, what it accepts, default,
+    description) and the checks between keys of one section.
+``problems``
+    pydantic's errors in our words: every problem of a file, each naming its
+    key (or the variable its value came from).
 ``sources``
     Where a configuration comes from: the YAML file, the environment's
     overrides, or (``knative``) the Knative dispatcher's variables.
@@ -35,7 +35,7 @@ The modules, from the data up:
     Valid settings that are probably a mistake (no dead-letter target), which
     ``check`` and ``run`` both say.
 ``schema``
-    The Helm chart's JSON Schema, generated from ``rules``
+    The Helm chart's JSON Schema, generated from the models
     (``python -m dispatcher.config.schema``).
 
 The names below are the package's interface; the rest is for its modules.
@@ -43,6 +43,14 @@ The names below are the package's interface; the rest is for its modules.
 
 from dispatcher.config.advice import Advice, advice
 from dispatcher.config.durations import parse_duration
+from dispatcher.config.filter_tree import (
+    CesqlFilter,
+    FilterEntry,
+    MatchDialect,
+    MatchFilter,
+    NestingDialect,
+    NestingFilter,
+)
 from dispatcher.config.redaction import redact_url
 from dispatcher.config.render import effective_config, render_effective_config
 from dispatcher.config.settings import (
@@ -53,22 +61,16 @@ from dispatcher.config.settings import (
     BatchSettings,
     BindingSettings,
     BrokerSettings,
-    CesqlFilter,
     CircuitBreakerSettings,
     ContentMode,
     DeadLetterSettings,
     DeclareSettings,
     DedupeSettings,
     DeliverySettings,
-    FilterEntry,
     HttpSettings,
     LogFormat,
     LoggingSettings,
     LogLevel,
-    MatchDialect,
-    MatchFilter,
-    NestingDialect,
-    NestingFilter,
     NonCloudEvent,
     QueueType,
     ReconnectSettings,

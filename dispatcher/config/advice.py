@@ -11,14 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dispatcher import cesql
-from dispatcher.config.settings import (
-    UNACKED_MAX,
-    BindingSettings,
-    CesqlFilter,
-    FilterEntry,
-    NestingFilter,
-    Settings,
-)
+from dispatcher.config.filter_tree import CesqlFilter, FilterEntry, NestingFilter
+from dispatcher.config.settings import UNACKED_MAX, BindingSettings, Settings
 from dispatcher.retry import JITTER, Backoff
 
 

@@ -2,7 +2,7 @@
 
 Every setting, defaults included, written back in the notation of the file
 (``250ms``, ``8MiB``, mappings for headers and filters), with URL passwords
-and secret-looking header values hidden. A field's ``render`` metadata
+and secret-looking header values hidden. A key's ``Accepts`` marker
 (``settings``) says how its value is written.
 """
 
@@ -11,51 +11,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import fields, is_dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
+from dispatcher.config.filter_tree import CesqlFilter, FilterEntry, MatchFilter
 from dispatcher.config.redaction import redact_url
-from dispatcher.config.settings import CesqlFilter, FilterEntry, MatchFilter, Settings
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-# The reference documentation lists `declare` before `subscriber`; dataclass
-# field order cannot, because required fields must come first.
-_BINDING_KEY_ORDER: Final = (
-    "name",
-    "queue",
-    "declare",
-    "subscriber",
-    "content_mode",
-    "tls",
-    "parallelism",
-    "prefetch",
-    "ordered",
-    "delivery",
-    "circuit_breaker",
-    "auth",
-    "headers",
-    "filter",
-    "filters",
-    "dedupe_window",
-    "dead_letter",
-    "reply",
-    "non_cloudevent",
-    "max_body_size",
-)
+from dispatcher.config.settings import Settings
+from dispatcher.config.validation import Accepts
 
 
 def effective_config(settings: Settings) -> dict[str, object]:
     """Every setting as plain data, in the file's own notation, passwords redacted."""
-    effective = _plain(settings)
-    effective["bindings"] = [
-        {key: binding[key] for key in _BINDING_KEY_ORDER}
-        for binding in (_plain(b) for b in settings.bindings)
-    ]
-    return effective
+    return _plain(settings)
 
 
 def render_effective_config(settings: Settings) -> str:
@@ -65,18 +35,19 @@ def render_effective_config(settings: Settings) -> str:
     )
 
 
-def _plain(obj: DataclassInstance) -> dict[str, object]:
-    plain: dict[str, object] = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        plain[f.name] = _render(value, f.metadata.get("render"))
-    return plain
+def _plain(section: BaseModel) -> dict[str, object]:
+    shape = type(section).model_fields
+    return {name: _render(getattr(section, name), _how(f)) for name, f in shape.items()}
+
+
+def _how(field: FieldInfo) -> str | None:
+    return next((m.render for m in field.metadata if isinstance(m, Accepts)), None)
 
 
 def _render(value: object, how: str | None) -> object:
     if how in _WHOLE:  # a tuple shown as a whole, as it was written
         return _RENDERERS[how](value)
-    if is_dataclass(value) and not isinstance(value, type):
+    if isinstance(value, BaseModel):
         return _plain(value)
     if isinstance(value, tuple):
         return [_render(item, how) for item in value]

@@ -1,11 +1,12 @@
-"""The Helm chart's ``config`` schema, generated from the service's own rule table.
+"""The Helm chart's ``config`` schema, generated from the settings models.
 
 ``values.schema.json`` used to be written by hand and drifted (it accepted
 ``backoff_delay: 0``, which the service refuses). Now its ``properties.config``
-is derived from ``rules.rule_table()``, the rules the loader
-validates with, plus the few places where the chart deliberately differs from
-the service (``CHART_DIFFERENCES``); the rest of the file (image, probes, ...)
-is the chart's own and is kept as it is.
+is derived from the models the loader validates with (``settings``): each
+key's ``Accepts`` schema, its description, nested sections, one self-referring
+schema of a filter entry (``$defs``, which Helm resolves), plus the few places
+where the chart deliberately differs from the service (``CHART_DIFFERENCES``);
+the rest of the file (image, probes, ...) is the chart's own and is kept as it is.
 
     python -m dispatcher.config.schema           # rewrite the chart's schema
     python -m dispatcher.config.schema --check   # exit 1 when it is out of date
@@ -20,49 +21,65 @@ import copy
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_origin
 
-from dispatcher.config.rules import rule_table
-from dispatcher.config.settings import Settings
-from dispatcher.config.validation import JsonSchema, ListRule, SectionRule
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from dispatcher.config.problems import section_in
+from dispatcher.config.settings import FILTER_REF, Settings
+from dispatcher.config.validation import Accepts, JsonSchema, filter_entry_schema
 
 CHART_SCHEMA: Final = Path("deploy/helm/dispatcher/values.schema.json")
 REGENERATE: Final = "python -m dispatcher.config.schema (or: make schema)"
 
 _TLS_DOC: Final = "Paths of PEM files inside the container (mount them with extraVolumes)"
+# Where the chart's values.schema.json keeps the config's schema.
+_IN_CHART: Final = "#/properties/config"
 
 
 def service_schema() -> JsonSchema:
-    """A JSON Schema for the service's config file, rule for rule."""
-    return _section(Settings)
+    """A JSON Schema for the service's config file, key for key from the models."""
+    schema = _section(Settings)
+    schema["$defs"] = {FILTER_REF.rsplit("/", 1)[1]: filter_entry_schema(FILTER_REF)}
+    return schema
 
 
-def _section(shape: type) -> JsonSchema:
-    rules = rule_table()[shape]
+def _section(shape: type[BaseModel]) -> JsonSchema:
     properties: JsonSchema = {}
     required: list[str] = []
-    for f in fields(shape):
-        rule = rules[f.name]
-        if isinstance(rule, SectionRule):
-            schema = _section(rule.shape)
-        elif isinstance(rule, ListRule):
-            assert rule.item is not None
-            schema = {**rule.schema, "items": _section(rule.item.shape)}
-        else:
-            schema = copy.deepcopy(rule.schema)
-        if isinstance(rule, ListRule) or (f.default is MISSING and f.default_factory is MISSING):
-            required.append(f.name)
+    for name, f in shape.model_fields.items():
+        schema = _key(f)
+        if f.is_required():
+            required.append(name)
         else:
             # null means "the default" to the loader (Helm renders unset values as null).
             schema = _nullable(schema)
-        properties[f.name] = schema
+        properties[name] = schema
     section: JsonSchema = {"type": "object", "additionalProperties": False}
     section["properties"] = properties
     if required:
         section["required"] = required
     return section
+
+
+def _key(f: FieldInfo) -> JsonSchema:
+    nested = section_in(f.annotation)
+    if nested is None:
+        [accepts] = [m for m in f.metadata if isinstance(m, Accepts)]
+        return _described(copy.deepcopy(accepts.schema), f)
+    schema = _section(nested)
+    if get_origin(f.annotation) is tuple:  # bindings: a list of sections
+        schema = {"type": "array", "minItems": 1, "items": schema}
+    return _described(schema, f)
+
+
+def _described(schema: JsonSchema, f: FieldInfo) -> JsonSchema:
+    if f.description is None:
+        return schema
+    said = schema.get("description")
+    return {**schema, "description": f"{f.description}. {said}" if said else f.description}
 
 
 def _nullable(schema: JsonSchema) -> JsonSchema:
@@ -145,9 +162,11 @@ CHART_DIFFERENCES: Final[Sequence[tuple[tuple[str, ...], Any]]] = (
 
 
 def chart_values_schema(current: JsonSchema) -> JsonSchema:
-    """The chart's schema ``current`` with its ``config`` part regenerated."""
+    """The chart's schema ``current`` with its ``config`` part regenerated (its
+    references pointing where the chart keeps it)."""
     schema = copy.deepcopy(current)
-    schema["properties"]["config"] = chart_config_schema()
+    config = json.dumps(chart_config_schema()).replace('"#/$defs/', f'"{_IN_CHART}/$defs/')
+    schema["properties"]["config"] = json.loads(config)
     return schema
 
 

@@ -1,20 +1,45 @@
-"""The settings tree: what a loaded configuration is, as frozen dataclasses.
+"""The settings tree: every key of the configuration, declared once, as pydantic models.
 
 ``Settings`` is the service's whole configuration; ``BatchSettings`` is the part
-the batch commands read. Field names are the configuration's key names, and a
-field's default is the value a missing key (or ``null``) means. A key that takes one
-of a closed set of words has a ``Literal`` type listing them (``ContentMode``,
-``BackoffPolicy``...), which the rule for the key reads its choices from.
-Nothing here reads, checks or builds anything: ``rules`` says what each key accepts,
-``sources`` fills the tree, and the code that connects (``dispatcher.broker``,
-``dispatcher.http``) turns it into sockets and TLS contexts.
+the batch commands read. A field is one key: its name, its type, what it
+accepts (the ``Accepts`` marker in its annotation: our parser, its JSON Schema
+and how ``check`` writes it back; ``validation``), its default (the value a
+missing key or ``null`` means) and its description. The checks that span the
+keys of one section are that section's ``after`` validators. A key that takes
+one of a closed set of words has a ``Literal`` type listing them
+(``ContentMode``, ``BackoffPolicy``...), in the order messages list them.
+
+Nothing here connects: the broker and HTTP sides turn these into sockets and
+TLS contexts. ``sources`` fills the tree, ``problems`` words its errors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Annotated, Final, Literal, Self, get_args
+from urllib.parse import urlsplit
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from dispatcher.config import durations, values
+from dispatcher.config.filter_tree import FilterEntry
+from dispatcher.config.redaction import show
+from dispatcher.config.urls import amqp_urls, http_url, redis_url
+from dispatcher.config.validation import (
+    BOOLEAN,
+    FILE,
+    Accepts,
+    attributes_schema,
+    checked,
+    choice,
+    duration,
+    integer,
+    number,
+    refuse,
+    size,
+    text,
+    url_list,
+)
+from dispatcher.config.validation import url as url_of
 from dispatcher.retry import DEFAULT_RETRY_ON
 
 # The closed sets: the words a key accepts, in the order messages list them.
@@ -25,47 +50,83 @@ QueueType = Literal["classic", "quorum"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["json", "console"]
 
-# Field metadata telling ``render.effective_config`` how to write a value back in
-# the form a user would write in the file.
 # The longest this process keeps a message unacked on purpose (a hold in an
 # open circuit breaker, a wait for a rate-limit slot): half the broker's default
 # consumer_timeout (30 min), past which the broker closes the channel and
 # requeues everything on it.
 UNACKED_MAX: Final = 15 * 60.0
 
-_DURATION: Final = {"render": "duration"}
-_URL: Final = {"render": "url"}
-_NUMBER: Final = {"render": "number"}
-_SIZE: Final = {"render": "size"}
+# What the keys accept, where more than one key accepts the same.
+_POSITIVE_DURATION: Final = duration(durations.positive_duration, 0, positive=True)
+_DURATION: Final = duration(durations.parse_duration, 0)
+_HTTP_URL: Final = url_of(http_url, "http", "https")
+_TEXT: Final = text()
+# The prefetch count is an AMQP short (and 0 would mean "unlimited").
+_AMQP_SHORT: Final = integer(1, 65535)
 
 
-@dataclass(frozen=True, slots=True)
-class TlsSettings:
+class Section(BaseModel):
+    """One mapping of the file: only its declared keys, ``null`` meaning the default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read(cls, raw: object) -> object:
+        if isinstance(raw, BaseModel):
+            return raw
+        section = checked(values.mapping, raw)  # absent or null: every default
+        # null means "use the default": Helm templates render unset values as null.
+        keys = cls.model_fields
+        return {k: value for k, value in section.items() if value is not None or k not in keys}
+
+
+class TlsSettings(Section):
     """PEM files: the CAs to trust (else the system's) and a client certificate."""
 
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    ca_file: Annotated[str | None, FILE] = Field(default=None, description="CA bundle to trust")
+    cert_file: Annotated[str | None, FILE] = Field(default=None, description="Client certificate")
+    key_file: Annotated[str | None, FILE] = Field(default=None, description="Its private key")
+
+    @model_validator(mode="after")
+    def _pairs(self) -> Self:
+        if self.cert_file is not None and self.key_file is None:
+            refuse("key_file", "required when cert_file is set")
+        if self.key_file is not None and self.cert_file is None:
+            refuse("cert_file", "required when key_file is set")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class ReconnectSettings:
-    initial_delay: float = field(default=0.2, metadata=_DURATION)
-    max_delay: float = field(default=30.0, metadata=_DURATION)
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerSettings:
-    # One URL, or the nodes of one cluster (a list in the file, comma-separated
-    # in RABBITMQ_URL): see ``urls``.
-    url: str | tuple[str, ...] = field(
-        default="amqp://guest:guest@localhost:5672/%2F", metadata=_URL
+class ReconnectSettings(Section):
+    # Exponential backoff from 0 stays at 0: a tight reconnect loop.
+    initial_delay: Annotated[float, _POSITIVE_DURATION] = Field(
+        default=0.2, description="First wait before reconnecting; doubles, with jitter"
     )
-    heartbeat: float = field(default=20.0, metadata=_DURATION)
-    connection_name: str = "dispatcher"
-    tls: TlsSettings = field(default_factory=TlsSettings)
-    reconnect: ReconnectSettings = field(default_factory=ReconnectSettings)
-    blocked_timeout: float = field(default=60.0, metadata=_DURATION)
+    max_delay: Annotated[float, _DURATION] = Field(default=30.0, description="Longest wait")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.max_delay < self.initial_delay:
+            refuse("max_delay", "must be >= initial_delay")
+        return self
+
+
+class BrokerSettings(Section):
+    url: Annotated[str | tuple[str, ...], url_list(amqp_urls, "amqp", "amqps")] = Field(
+        default="amqp://guest:guest@localhost:5672/%2F",
+        description="One node's URL, or a cluster's nodes (a list, or comma-separated)",
+    )
+    heartbeat: Annotated[float, duration(durations.heartbeat, 1, maximum=65535)] = Field(
+        default=20.0, description="AMQP heartbeat: a silent connection is dropped after 2 of them"
+    )
+    connection_name: Annotated[str, text(non_empty=True)] = Field(
+        default="dispatcher", description="Shown in the management UI"
+    )
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    reconnect: ReconnectSettings = Field(default_factory=ReconnectSettings)
+    blocked_timeout: Annotated[float, _POSITIVE_DURATION] = Field(
+        default=60.0, description="A broker blocking publishes this long drops the connection"
+    )
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -73,204 +134,246 @@ class BrokerSettings:
         return (self.url,) if isinstance(self.url, str) else self.url
 
 
-@dataclass(frozen=True, slots=True)
-class DedupeSettings:
-    # redis:// or rediss://: claims shared by every replica (``dedupe_store``);
-    # None keeps duplicate suppression in this process's memory.
-    store: str | None = field(default=None, metadata=_URL)
+class DedupeSettings(Section):
+    store: Annotated[str | None, url_of(redis_url, "redis", "rediss")] = Field(
+        default=None,
+        description="redis:// or rediss://: claims shared by every replica; "
+        "unset keeps duplicate suppression in this process's memory",
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class HttpSettings:
-    listen: str = "0.0.0.0:9090"
+_LISTEN: Final = Accepts(
+    values.listen, {"type": "string", "pattern": r"^(\[[^\]]+\]|[^:\[][^:]*|):[0-9]+$"}
+)
+
+
+class HttpSettings(Section):
+    listen: Annotated[str, _LISTEN] = Field(
+        default="0.0.0.0:9090", description="Metrics and probes: host:port, IPv6 in brackets"
+    )
 
     @property
     def host(self) -> str:
-        return split_listen(self.listen)[0]
+        return values.split_listen(self.listen)[0]
 
     @property
     def port(self) -> int:
-        return split_listen(self.listen)[1]
+        return values.split_listen(self.listen)[1]
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); empty host = all IPv4 interfaces; IPv6 in brackets.
-
-    Raises ``ValueError`` saying what is wrong (``values.listen`` makes it a
-    ``ConfigError`` naming the key).
-    """
-    if listen.startswith("["):
-        host, bracket, rest = listen[1:].partition("]")
-        if not bracket or not host or not rest.startswith(":"):
-            raise ValueError("must be host:port, IPv6 hosts in brackets ([::1]:9090)")
-        port_text = rest[1:]
-    else:
-        host, colon, port_text = listen.rpartition(":")
-        if not colon:
-            raise ValueError("must be host:port (e.g. 0.0.0.0:9090)")
-        if ":" in host:
-            raise ValueError("IPv6 hosts must be in brackets ([::]:9090)")
-        host = host or "0.0.0.0"
-    # Port 0 asks the OS for a free port (tests, several instances on one host).
-    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
-        raise ValueError("port must be 0..65535")
-    return host, int(port_text)
+class ShutdownSettings(Section):
+    grace: Annotated[float, _DURATION] = Field(
+        default=25.0, description="After SIGTERM, in-flight work gets this long"
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class ShutdownSettings:
-    grace: float = field(default=25.0, metadata=_DURATION)
+# What LOG_LEVEL=warn means everywhere else.
+_LOG_LEVEL: Final = choice(get_args(LogLevel), lower=True, aliases={"warn": "warning"})
 
 
-@dataclass(frozen=True, slots=True)
-class LoggingSettings:
-    level: LogLevel = "info"
-    format: LogFormat = "json"
+class LoggingSettings(Section):
+    level: Annotated[LogLevel, _LOG_LEVEL] = "info"
+    format: Annotated[LogFormat, choice(get_args(LogFormat), lower=True)] = "json"
 
 
-@dataclass(frozen=True, slots=True)
-class TracingSettings:
+class TracingSettings(Section):
     """OpenTelemetry spans over OTLP/HTTP; the standard ``OTEL_*`` variables
-    override these (``sources``), and the exporter reads the rest of them
+    override these (``otel``), and the exporter reads the rest of them
     itself (headers, resource attributes, a signal-specific endpoint)."""
 
-    enabled: bool = False
-    # The collector's base URL: ``/v1/traces`` is appended, as for
-    # OTEL_EXPORTER_OTLP_ENDPOINT.
-    endpoint: str = field(default="http://127.0.0.1:4318", metadata=_URL)
-    # Parent-based: a sampled parent is always followed, one that is not never.
-    sample_ratio: float = field(default=1.0, metadata=_NUMBER)
-    service_name: str = "dispatcher"
+    enabled: Annotated[bool, BOOLEAN] = False
+    endpoint: Annotated[str, _HTTP_URL] = Field(
+        default="http://127.0.0.1:4318",
+        description="The collector's base URL: /v1/traces is appended, "
+        "as for OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
+    sample_ratio: Annotated[float, number(0.0, 1.0)] = Field(
+        default=1.0,
+        description="Parent-based: a sampled parent is always followed, one that is not never",
+    )
+    service_name: Annotated[str, text(non_empty=True)] = "dispatcher"
 
     @property
     def traces_url(self) -> str:
         return self.endpoint.rstrip("/") + "/v1/traces"
 
 
-@dataclass(frozen=True, slots=True)
-class DeclareSettings:
-    durable: bool = True
-    type: QueueType = "classic"
-    dead_letter_exchange: str | None = None
-    delivery_limit: int | None = None
+class DeclareSettings(Section):
+    durable: Annotated[bool, BOOLEAN] = True
+    type: Annotated[QueueType, choice(get_args(QueueType))] = "classic"
+    dead_letter_exchange: Annotated[str | None, _TEXT] = None
+    delivery_limit: Annotated[int | None, integer(1)] = None
+
+    @model_validator(mode="after")
+    def _broker_accepts(self) -> Self:
+        # RabbitMQ refuses both; failing here beats a channel error at startup.
+        if self.type == "quorum" and not self.durable:
+            refuse("durable", "quorum queues must be durable")
+        if self.delivery_limit is not None and self.type != "quorum":
+            refuse("delivery_limit", "only valid with type: quorum")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class DeliverySettings:
-    retry: int = 5
-    backoff_policy: BackoffPolicy = "exponential"
-    backoff_delay: float = field(default=0.2, metadata=_DURATION)
-    backoff_max: float = field(default=30.0, metadata=_DURATION)
-    timeout: float = field(default=10.0, metadata=_DURATION)
-    # Statuses (404) and classes ("4xx", "5xx") that are retried; see retry.py.
-    retry_on: tuple[int | str, ...] = DEFAULT_RETRY_ON
-    # Requests per second to the subscriber, retries included (None: no limit).
-    rate_limit: float | None = field(default=None, metadata=_NUMBER)
+_STATUS_OR_CLASS: Final = {
+    "anyOf": [
+        {
+            "type": "integer",
+            "minimum": 100,
+            "maximum": 599,
+            "not": {"minimum": 200, "maximum": 299},
+        },
+        {"type": "string", "pattern": "^(1[0-9]{2}|[3-5][0-9]{2}|[45][xX][xX])$"},
+    ]
+}
 
 
-@dataclass(frozen=True, slots=True)
-class CircuitBreakerSettings:
+class DeliverySettings(Section):
+    retry: Annotated[int, integer(0)] = Field(
+        default=5, description="Retries after the first attempt"
+    )
+    backoff_policy: Annotated[BackoffPolicy, choice(get_args(BackoffPolicy))] = "exponential"
+    # 0 would requeue a refused message straight back, in a hot loop.
+    backoff_delay: Annotated[float, _POSITIVE_DURATION] = 0.2
+    backoff_max: Annotated[float, _DURATION] = 30.0
+    timeout: Annotated[float, _POSITIVE_DURATION] = Field(default=10.0, description="Per attempt")
+    retry_on: Annotated[
+        tuple[int | str, ...],
+        Accepts(values.retry_on, {"type": "array", "items": _STATUS_OR_CLASS}, built=tuple),
+    ] = Field(
+        default=DEFAULT_RETRY_ON, description="Statuses (404) and classes (5xx) that are retried"
+    )
+    rate_limit: Annotated[float | None, number(0.0, 1_000_000.0, low_open=True)] = Field(
+        default=None, description="Requests per second to the subscriber, retries included"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.backoff_max < self.backoff_delay:
+            refuse("backoff_max", "must be >= backoff_delay")
+        return self
+
+
+class CircuitBreakerSettings(Section):
     """When the subscriber is failing, stop taking messages (``dispatcher.breaker``)."""
 
-    failure_ratio: float = field(default=0.5, metadata=_NUMBER)
-    min_attempts: int = 20
-    window: float = field(default=30.0, metadata=_DURATION)
-    open_for: float = field(default=30.0, metadata=_DURATION)
-    max_open: float = field(default=300.0, metadata=_DURATION)
+    failure_ratio: Annotated[float, number(0.0, 1.0, low_open=True)] = 0.5
+    min_attempts: Annotated[int, integer(1)] = 20
+    window: Annotated[float, _POSITIVE_DURATION] = 30.0
+    open_for: Annotated[float, _POSITIVE_DURATION] = 30.0
+    max_open: Annotated[float, _POSITIVE_DURATION] = 300.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.max_open < self.open_for:
+            refuse("max_open", "must be >= open_for")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetterSettings:
-    sink: str | None = field(default=None, metadata=_URL)
-    exchange: str | None = None
-    routing_key: str = ""
+class DeadLetterSettings(Section):
+    sink: Annotated[str | None, _HTTP_URL] = None
+    exchange: Annotated[str | None, _TEXT] = None
+    routing_key: Annotated[str, _TEXT] = ""
 
 
-@dataclass(frozen=True, slots=True)
-class ReplySettings:
+class ReplySettings(Section):
     # ``exchange: ""`` is the AMQP default exchange (routing key = queue name),
     # which is a real target, so only ``None`` means "no exchange".
-    exchange: str | None = None
-    routing_key: str = ""
-    url: str | None = field(default=None, metadata=_URL)
+    exchange: Annotated[str | None, _TEXT] = None
+    routing_key: Annotated[str, _TEXT] = ""
+    url: Annotated[str | None, _HTTP_URL] = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        if self.exchange is not None and self.url is not None:
+            refuse("", "set either exchange or url, not both")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class AuthSettings:
-    # ``Authorization: Bearer <token>`` on every request of the binding, the
-    # token kept current from this file (``dispatcher.bearer``).
-    bearer_token_file: str | None = None
+class AuthSettings(Section):
+    bearer_token_file: Annotated[
+        str | None, Accepts(values.token_file, {"type": "string", "minLength": 1})
+    ] = Field(
+        default=None,
+        description="Authorization: Bearer <token> on every request of the binding, "
+        "the token kept current from this file",
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class AttributesFilter:
+class AttributesFilter(Section):
     """``filter``: Knative's Trigger filter. Every listed attribute equals its value;
     ``""`` means the attribute is present, whatever its value. None listed: no filter."""
 
-    attributes: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "mapping"})
+    attributes: Annotated[
+        tuple[tuple[str, str], ...],
+        Accepts(values.filter_attributes, attributes_schema(non_empty=False), "mapping", tuple),
+    ] = ()
 
 
-MatchDialect = Literal["exact", "prefix", "suffix"]
-NestingDialect = Literal["all", "any", "not"]
+_HEADERS_SCHEMA: Final = {
+    "type": "object",
+    "propertyNames": {
+        "pattern": f"^{values.HEADER_NAME.pattern}$",
+        "not": {"pattern": "^([cC][eE]-|[cC][oO][nN][tT][eE][nN][tT]-)"},
+    },
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "string", "pattern": f"^{values.HEADER_VALUE.pattern}$"},
+            {"type": "integer"},
+        ]
+    },
+}
+# The one schema of a filter entry, which nests (``schema`` puts it there).
+FILTER_REF: Final = "#/$defs/filter"
 
 
-@dataclass(frozen=True, slots=True)
-class MatchFilter:
-    """One ``filters`` entry comparing attributes: every one listed must match."""
-
-    dialect: MatchDialect
-    attributes: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class NestingFilter:
-    """One ``filters`` entry combining others (``not`` holds exactly one)."""
-
-    dialect: NestingDialect
-    filters: tuple[FilterEntry, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CesqlFilter:
-    """One ``filters`` entry holding a CloudEvents SQL expression (checked to compile)."""
-
-    expression: str
-    dialect: Literal["cesql"] = "cesql"
-
-
-FilterEntry = MatchFilter | NestingFilter | CesqlFilter
-
-
-@dataclass(frozen=True, slots=True)
-class BindingSettings:
-    name: str
-    queue: str
-    subscriber: str = field(metadata=_URL)
+class BindingSettings(Section):
+    name: Annotated[
+        str,
+        Accepts(
+            values.binding_name, {"type": "string", "pattern": f"^{values.BINDING_NAME.pattern}$"}
+        ),
+    ]
+    queue: Annotated[str, text(non_empty=True, max_bytes=255)]  # AMQP 0-9-1 shortstr limit
     declare: DeclareSettings | None = None
-    content_mode: ContentMode = "binary"
-    tls: TlsSettings = field(default_factory=TlsSettings)
-    parallelism: int = 10
-    # Messages held unacked (running and waiting for a slot); None: parallelism.
-    prefetch: int | None = None
-    # ``ordered: true`` forces prefetch 1 whatever ``parallelism`` says: with
-    # more than one message in flight a retry would overtake its successors.
-    ordered: bool = False
-    delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    subscriber: Annotated[str, _HTTP_URL]
+    content_mode: Annotated[ContentMode, choice(get_args(ContentMode))] = "binary"
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    parallelism: Annotated[int, _AMQP_SHORT] = Field(
+        default=10, description="Deliveries in flight at once"
+    )
+    prefetch: Annotated[int | None, _AMQP_SHORT] = Field(
+        default=None,
+        description="Messages held unacked (running and waiting for a slot); unset: parallelism",
+    )
+    # With more than one message in flight a retry would overtake its successors.
+    ordered: Annotated[bool, BOOLEAN] = Field(
+        default=False, description="One message at a time, whatever parallelism says"
+    )
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     circuit_breaker: CircuitBreakerSettings | None = None
-    auth: AuthSettings = field(default_factory=AuthSettings)
-    # Extra request headers, (name, value) in the file's order: every request of
-    # the binding (subscriber, dead-letter sink, reply URL) carries them.
-    headers: tuple[tuple[str, str], ...] = field(default=(), metadata={"render": "headers"})
-    # Events that do not pass are acked unsent (``dispatcher.filters``); when
-    # both are set, ``filters`` wins, as in Knative.
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    headers: Annotated[
+        tuple[tuple[str, str], ...], Accepts(values.headers, _HEADERS_SCHEMA, "headers", tuple)
+    ] = Field(
+        default=(),
+        description="Extra request headers on every request of the binding "
+        "(subscriber, dead-letter sink, reply URL)",
+    )
     filter: AttributesFilter | None = None
-    filters: tuple[FilterEntry, ...] = field(default=(), metadata={"render": "filters"})
-    dedupe_window: float = field(default=600.0, metadata=_DURATION)
-    dead_letter: DeadLetterSettings = field(default_factory=DeadLetterSettings)
-    reply: ReplySettings = field(default_factory=ReplySettings)
-    non_cloudevent: NonCloudEvent = "wrap"
-    # Bodies above this are dead-lettered, not buffered.
-    max_body_size: int = field(default=8 * 1024 * 1024, metadata=_SIZE)
+    # When both are set, ``filters`` wins, as in Knative.
+    filters: Annotated[
+        tuple[FilterEntry, ...],
+        Accepts(values.filters, {"type": "array", "items": {"$ref": FILTER_REF}}, "filters", tuple),
+    ] = Field(default=(), description="Events that do not pass every filter are acked unsent")
+    dedupe_window: Annotated[float, _DURATION] = Field(
+        default=600.0, description="A redelivered event seen this recently is not sent again"
+    )
+    dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)
+    reply: ReplySettings = Field(default_factory=ReplySettings)
+    non_cloudevent: Annotated[NonCloudEvent, choice(get_args(NonCloudEvent))] = "wrap"
+    max_body_size: Annotated[int, size()] = Field(
+        default=8 * 1024 * 1024, description="Bodies above this are dead-lettered, not buffered"
+    )
 
     @property
     def workers(self) -> int:
@@ -285,21 +388,77 @@ class BindingSettings:
         and memory stays bounded."""
         return 1 if self.ordered else (self.prefetch or self.parallelism)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        self._check_prefetch()
+        self._check_authorization()
+        return self
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    broker: BrokerSettings = field(default_factory=BrokerSettings)
-    http: HttpSettings = field(default_factory=HttpSettings)
-    shutdown: ShutdownSettings = field(default_factory=ShutdownSettings)
-    logging: LoggingSettings = field(default_factory=LoggingSettings)
-    dedupe: DedupeSettings = field(default_factory=DedupeSettings)
-    tracing: TracingSettings = field(default_factory=TracingSettings)
-    bindings: tuple[BindingSettings, ...] = ()
+    def _check_prefetch(self) -> None:
+        if self.prefetch is None:
+            return
+        if self.ordered and self.prefetch != 1:
+            # A message waiting behind one being retried would be settled before it
+            # if that one went back to the queue.
+            refuse("prefetch", "must be 1 or unset when ordered is true")
+        if not self.ordered and self.prefetch < self.parallelism:
+            refuse("prefetch", f"must be >= parallelism ({self.parallelism}), or unset")
+
+    def _check_authorization(self) -> None:
+        """One source of ``Authorization`` per binding: a URL's ``user:password@`` (Basic),
+        ``auth`` (Bearer) or ``headers``; two would replace each other without a word."""
+        addresses = {
+            "subscriber": self.subscriber,
+            "dead_letter.sink": self.dead_letter.sink,
+            "reply.url": self.reply.url,
+        }
+        with_userinfo = [
+            key
+            for key, address in addresses.items()
+            if address and urlsplit(address).username is not None
+        ]
+        basic = with_userinfo and (
+            f"conflicts with the user:password@ of {with_userinfo[0]} (sent as Basic auth)"
+        )
+        if self.auth.bearer_token_file is not None and basic:
+            refuse("auth.bearer_token_file", basic)
+        if any(name.lower() == "authorization" for name, _ in self.headers):
+            if self.auth.bearer_token_file is not None:
+                refuse("headers.Authorization", "conflicts with auth.bearer_token_file")
+            if basic:
+                refuse("headers.Authorization", basic)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchSettings:
+def _binding_list(raw: object) -> object:
+    if not isinstance(raw, list | tuple):
+        refuse("", f"must be a list, got {show(raw)}")
+    if not raw:
+        refuse("", "must list at least one binding")
+    return raw
+
+
+class Settings(Section):
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    dedupe: DedupeSettings = Field(default_factory=DedupeSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    # A service with no binding has nothing to do.
+    bindings: Annotated[tuple[BindingSettings, ...], BeforeValidator(_binding_list)]
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Self:
+        seen: set[str] = set()
+        for index, binding in enumerate(self.bindings):
+            if binding.name in seen:
+                refuse(f"bindings[{index}].name", f"duplicate binding name {binding.name!r}")
+            seen.add(binding.name)
+        return self
+
+
+class BatchSettings(Section):
     """What ``archive``, ``report`` and ``replay`` read of the service's configuration."""
 
-    broker: BrokerSettings = field(default_factory=BrokerSettings)
-    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)

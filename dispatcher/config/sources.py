@@ -13,20 +13,22 @@ the variable, not the key: the user has to fix that, not the file.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from dispatcher.config import knative, otel
+from dispatcher.config.problems import blamed, config_error
 from dispatcher.config.redaction import redact_text, show
-from dispatcher.config.rules import build
 from dispatcher.config.settings import BatchSettings, Settings
 from dispatcher.errors import ConfigError
 
 DEFAULT_CONFIG_PATH: Final = "config/dispatcher.yaml"
+
+Shape = TypeVar("Shape", bound=BaseModel)
 
 # (variable, section, key): applied after the file, before validation, so a
 # Kubernetes Secret can supply the broker URL without touching the file.
@@ -85,8 +87,8 @@ def load_batch_settings(
         raw = _read_yaml(resolved, named_by)
     merged, origins = _apply_env_overrides({name: raw.get(name) for name in sections}, environ)
     wanted = {name: merged[name] for name in sections if name in merged}
+    settings = _validated(BatchSettings, wanted, origins)
     with _blaming_variables(origins):
-        settings = build(BatchSettings, wanted, "")
         if preflight is not None:
             preflight(settings)
         return settings
@@ -104,13 +106,21 @@ def settings_from_dict(
     ``raw`` itself was built from the environment, so errors name those.
     """
     merged, origins = _apply_env_overrides(raw, environ)
-    with _blaming_variables({**(origins_of_raw or {}), **origins}):
-        settings = build(Settings, merged, "")
+    origins = {**(origins_of_raw or {}), **origins}
+    settings = _validated(Settings, merged, origins)
+    with _blaming_variables(origins):
         if settings.tracing.enabled:
             otel.traces_url(settings.tracing, environ)  # a bad signal endpoint: refused now
         if preflight is not None:
             preflight(settings)
         return settings
+
+
+def _validated(shape: type[Shape], raw: Mapping[str, object], origins: Mapping[str, str]) -> Shape:
+    try:
+        return shape.model_validate(raw)
+    except ValidationError as err:
+        raise config_error(err, shape, origins) from None
 
 
 @contextmanager
@@ -120,11 +130,10 @@ def _blaming_variables(origins: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except ConfigError as err:
-        # broker.url[1] came from RABBITMQ_URL too (its second node).
-        variable = origins.get(err.key) or origins.get(re.sub(r"\[[0-9]+\]$", "", err.key))
-        if variable is None:
+        key = blamed(err.key, origins)
+        if key == err.key:
             raise
-        raise ConfigError(variable, err.problem) from None
+        raise ConfigError(key, err.problem) from None
 
 
 def _resolve_config_path(path: str | None, environ: Mapping[str, str]) -> tuple[str, str]:

@@ -16,7 +16,6 @@ import re
 from typing import Final
 from urllib.parse import urlsplit
 
-from dispatcher.config import amqp
 from dispatcher.config.redaction import SCHEME, redact_url, show
 from dispatcher.config.values import string
 from dispatcher.errors import ConfigError
@@ -45,14 +44,10 @@ def amqp_urls(value: object, key: str) -> str | tuple[str, ...]:
 
 
 def amqp_url(value: object, key: str) -> str:
-    url = _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
-    try:
-        # Query parameters (?heartbeat=, ?channel_max=) are pika's to read: what
-        # it would reject is rejected now rather than at connect time, forever.
-        amqp.check_url(url)
-    except Exception as e:  # ValueError, TypeError, SyntaxError... as pika raises them
-        raise ConfigError(key, f"invalid connection parameter in {show(url)}: {e}") from None
-    return url
+    # Its query parameters (?heartbeat=, ?channel_max=) and virtual host are
+    # pika's to read: ``dispatcher.preflight`` reads it with pika before
+    # anything starts, ``check`` included.
+    return _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
 
 
 def redis_url(value: object, key: str) -> str:

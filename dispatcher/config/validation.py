@@ -1,121 +1,98 @@
-"""How a section of the configuration is read, and the kinds of rule a key can have.
+"""What one key accepts, declared once: the ``Accepts`` marker of its pydantic field.
 
-A ``Section`` is one mapping of the file (``broker``, ``bindings[0].delivery``)
-whose keys must be the fields of one settings dataclass; it names every key
-it reports by its full path. A ``Rule`` is what one key accepts, said twice:
-as the parser the loader calls and as the JSON Schema that says the same, so
-the service and the Helm chart's schema (``schema``) cannot drift apart. A
-rule's schema may accept more than the service (JSON Schema cannot say "a
-duration string of at least 1s"), never less.
+A settings field is ``Annotated[<type>, Accepts(...)]``: the marker is the
+parser pydantic calls (one of ours, ``(value, key) -> typed value``, so
+durations, curl-style URLs, headers and filters keep their own messages), the
+JSON Schema that says the same for the Helm chart (``schema``), and how
+``dispatcher check`` writes the value back (``render``). A marker's schema may
+accept more than its parser (JSON Schema cannot say "a duration string of at
+least 1s"), never less.
 
-The rule constructors below (``text_rule``, ``duration_rule``...) build both
-halves from one description; ``rules`` assigns one to every key.
+Our parsers name the key they refuse; inside pydantic the key is not known
+yet, so they are called with ``HERE`` as the key and whatever they append to it
+(``[2]``, ``.Authorization``) travels in the error to ``problems``, which
+prefixes pydantic's location. ``refuse`` is the same for the checks that span
+a section's fields.
+
+The constructors below (``text``, ``duration``...) build a marker from one
+description of the key.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, fields
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn
+
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import PydanticCustomError, core_schema
 
 from dispatcher.config import values
 from dispatcher.config.durations import ISO_DURATION, NUMBER, UNIT_DURATION
 from dispatcher.errors import ConfigError
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-T = TypeVar("T")
-
 JsonSchema = dict[str, Any]
 
+# The key our parsers are given inside a model: a character no key path holds.
+HERE: Final = "\x00"
+# The error type ``problems`` reads back: ``problem`` and the key's ``rest``.
+ERROR_TYPE: Final = "dispatcher"
 
-class Section:
-    """A mapping at ``key`` whose keys must be the fields of ``shape``."""
 
-    def __init__(self, raw: object, key: str, shape: type[DataclassInstance]) -> None:
-        self.key = key
-        self._raw = values.mapping(raw, key)
-        allowed = sorted(f.name for f in fields(shape))
-        for name in self._raw:
-            if name not in allowed:
-                raise ConfigError(
-                    self.sub(values.written(name)),
-                    f"unknown key (expected one of: {', '.join(allowed)})",
-                )
+def refuse(rest: str, problem: str) -> NoReturn:
+    """Refuse the value at the current location + ``rest`` (``"max_delay"``,
+    ``"[2]"``, ``""`` for the location itself) with ``problem``."""
+    raise PydanticCustomError(ERROR_TYPE, "{problem}", {"problem": problem, "rest": rest})
 
-    def sub(self, name: str) -> str:
-        return f"{self.key}.{name}" if self.key else name
 
-    def raw(self, name: str) -> object:
-        return self._raw.get(name)
-
-    def get(self, name: str, parse: Callable[[object, str], T], default: T) -> T:
-        # null means "use the default": Helm templates render unset values as null.
-        value = self._raw.get(name)
-        return default if value is None else parse(value, self.sub(name))
-
-    def optional(self, name: str, parse: Callable[[object, str], T]) -> T | None:
-        value = self._raw.get(name)
-        return None if value is None else parse(value, self.sub(name))
-
-    def require(self, name: str, parse: Callable[[object, str], T]) -> T:
-        value = self._raw.get(name)
-        if value is None:
-            raise ConfigError(self.sub(name), "required")
-        return parse(value, self.sub(name))
-
-    def nested(self, name: str, build: Callable[[object, str], T]) -> T:
-        return build(self._raw.get(name), self.sub(name))
+def checked(parse: Callable[[object, str], Any], value: object) -> Any:
+    """``parse(value)`` with a ConfigError turned into the error pydantic collects."""
+    try:
+        return parse(value, HERE)
+    except ConfigError as err:
+        refuse(err.key.removeprefix(HERE), err.problem)
 
 
 @dataclass(frozen=True)
-class Rule:
-    """One key: the parser the loader calls and the JSON Schema saying the same."""
+class Accepts:
+    """One key: its parser, its JSON Schema and how ``check`` renders it.
+
+    ``built``: a value of this type is taken as it is (Python callers, tests,
+    pass the parsed form, a tuple of pairs or of filter entries, which YAML
+    never produces).
+    """
 
     parse: Callable[[object, str], Any]
     schema: JsonSchema
+    render: str | None = None
+    built: type | None = None
 
-    def read(self, s: Section, f: Field[Any]) -> Any:
-        if f.default is MISSING and f.default_factory is MISSING:
-            return s.require(f.name, self.parse)
-        if f.default is None:
-            return s.optional(f.name, self.parse)
-        factory = f.default_factory
-        default = factory() if callable(factory) else f.default
-        return s.get(f.name, self.parse, default)
+    def __get_pydantic_core_schema__(
+        self, _source: Any, _handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self._validate)
 
+    def __get_pydantic_json_schema__(
+        self, _core: core_schema.CoreSchema, _handler: GetJsonSchemaHandler
+    ) -> JsonSchema:
+        return dict(self.schema)
 
-@dataclass(frozen=True)
-class SectionRule(Rule):
-    """A nested mapping: ``shape``'s fields, each with its own rule."""
-
-    shape: type = object
-
-    def read(self, s: Section, f: Field[Any]) -> Any:
-        if f.default is None:  # ``declare: null`` (or absent) means "no section"
-            return s.optional(f.name, self.parse)
-        return s.nested(f.name, self.parse)  # null or absent: every default
-
-
-@dataclass(frozen=True)
-class ListRule(Rule):
-    """A list of ``item`` sections; required, whatever the field's default says
-    (a service with no binding has nothing to do)."""
-
-    item: SectionRule | None = None
-
-    def read(self, s: Section, f: Field[Any]) -> Any:
-        return self.parse(s.raw(f.name), s.sub(f.name))
+    def _validate(self, value: object) -> Any:
+        if self.built is not None and isinstance(value, self.built):
+            return value
+        return checked(self.parse, value)
 
 
 # --------------------------------------------------------------------------
-# Rule constructors: the parser and its schema from one description
+# Constructors: the parser and its schema from one description
 # --------------------------------------------------------------------------
 
+BOOLEAN: Final = Accepts(values.boolean, {"type": "boolean"})
+FILE: Final = Accepts(values.existing_file, {"type": "string", "minLength": 1})
 
-def text_rule(*, non_empty: bool = False, max_bytes: int | None = None) -> Rule:
+
+def text(*, non_empty: bool = False, max_bytes: int | None = None) -> Accepts:
     schema: JsonSchema = {"type": "string"}
     parse: Callable[[object, str], str] = values.non_empty_string if non_empty else values.string
     if non_empty:
@@ -123,37 +100,38 @@ def text_rule(*, non_empty: bool = False, max_bytes: int | None = None) -> Rule:
     if max_bytes is not None:
         schema["maxLength"] = max_bytes  # characters <= bytes: never refuses a valid name
         parse = values.queue_name  # the AMQP limit, in bytes
-    return Rule(parse, schema)
+    return Accepts(parse, schema)
 
 
-def integer_rule(minimum: int, maximum: int | None = None) -> Rule:
+def integer(minimum: int, maximum: int | None = None) -> Accepts:
     if maximum is None:
-        return Rule(values.int_at_least(minimum), {"type": "integer", "minimum": minimum})
+        return Accepts(values.int_at_least(minimum), {"type": "integer", "minimum": minimum})
     schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
-    return Rule(values.int_between(minimum, maximum), schema)
+    return Accepts(values.int_between(minimum, maximum), schema)
 
 
-def number_rule(low: float, high: float | None = None, *, low_open: bool = False) -> Rule:
+def number(low: float, high: float | None = None, *, low_open: bool = False) -> Accepts:
     schema: JsonSchema = {"type": "number"}
     schema["exclusiveMinimum" if low_open else "minimum"] = low
     if high is not None:
         schema["maximum"] = high
-    return Rule(values.number_in(low, high, low_open=low_open), schema)
+    return Accepts(values.number_in(low, high, low_open=low_open), schema, render="number")
 
 
-def _any_case(word: str) -> str:
+def any_case(word: str) -> str:
     # No (?i): JSON Schema patterns are ECMA-262, Helm's are Go's; both read [xX].
     return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
 
 
-def choice_rule(
+def choice(
     options: tuple[str, ...], *, lower: bool = False, aliases: Mapping[str, str] | None = None
-) -> Rule:
+) -> Accepts:
     parse = values.choice(options, lower=lower, aliases=aliases)
     words = [*options, *(aliases or {})]
     if not lower:
-        return Rule(parse, {"enum": words})
-    return Rule(parse, {"type": "string", "pattern": f"^({'|'.join(map(_any_case, words))})$"})
+        return Accepts(parse, {"enum": words})
+    pattern = f"^({'|'.join(map(any_case, words))})$"
+    return Accepts(parse, {"type": "string", "pattern": pattern})
 
 
 _DURATION_DOC: Final = "Duration: 250ms, 1.5s, 2m, 1m30s, ISO-8601 (PT0.25S) or a number of seconds"
@@ -167,44 +145,44 @@ def _duration_pattern() -> str:
     return rf"^\s*[-+]?({forms})\s*$"
 
 
-def duration_rule(
+def duration(
     parse: Callable[[object, str], float],
     minimum: float,
     *,
     positive: bool = False,
     maximum: float | None = None,
-) -> Rule:
-    number: JsonSchema = {"type": "number"}
-    text: JsonSchema = {"type": "string", "pattern": _duration_pattern()}
+) -> Accepts:
+    seconds: JsonSchema = {"type": "number"}
+    written: JsonSchema = {"type": "string", "pattern": _duration_pattern()}
     if positive:
-        number["exclusiveMinimum"] = minimum
+        seconds["exclusiveMinimum"] = minimum
         # "0s", "PT0S", "0.000": no digit but 0 means zero, which is refused.
-        text = {"allOf": [text, {"pattern": "[1-9]"}]}
+        written = {"allOf": [written, {"pattern": "[1-9]"}]}
     else:
-        number["minimum"] = minimum
+        seconds["minimum"] = minimum
     if maximum is not None:
-        number["maximum"] = maximum
-    return Rule(parse, {"description": _DURATION_DOC, "anyOf": [number, text]})
+        seconds["maximum"] = maximum
+    schema = {"description": _DURATION_DOC, "anyOf": [seconds, written]}
+    return Accepts(parse, schema, render="duration")
 
 
-def size_rule() -> Rule:
-    units = "|".join(_any_case(u) for u in sorted(values.SIZE_UNITS, key=len, reverse=True) if u)
-    text = {"type": "string", "pattern": rf"^\s*[0-9]*[1-9][0-9]*\s*({units})?\s*$"}
-    return Rule(values.size, {"anyOf": [{"type": "integer", "minimum": 1}, text]})
+def size() -> Accepts:
+    units = "|".join(any_case(u) for u in sorted(values.SIZE_UNITS, key=len, reverse=True) if u)
+    written = {"type": "string", "pattern": rf"^\s*[0-9]*[1-9][0-9]*\s*({units})?\s*$"}
+    return Accepts(values.size, {"anyOf": [{"type": "integer", "minimum": 1}, written]}, "size")
 
 
-def url_rule(parse: Callable[[object, str], object], *schemes: str) -> Rule:
-    names = "|".join(_any_case(name) for name in schemes)
-    return Rule(parse, {"type": "string", "pattern": rf"^\s*({names})://[^/?#\s]"})
+def url(parse: Callable[[object, str], object], *schemes: str) -> Accepts:
+    names = "|".join(any_case(name) for name in schemes)
+    schema = {"type": "string", "pattern": rf"^\s*({names})://[^/?#\s]"}
+    return Accepts(parse, schema, render="url")
 
 
-def url_list_rule(parse: Callable[[object, str], object], *schemes: str) -> Rule:
+def url_list(parse: Callable[[object, str], object], *schemes: str) -> Accepts:
     """One URL or a non-empty list of them (a cluster's nodes)."""
-    one = url_rule(parse, *schemes).schema
-    return Rule(parse, {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}]})
-
-
-FILE_RULE: Final = Rule(values.existing_file, {"type": "string", "minLength": 1})
+    one = url(parse, *schemes).schema
+    schema = {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}]}
+    return Accepts(parse, schema, render="url", built=tuple)
 
 
 def attributes_schema(*, non_empty: bool) -> JsonSchema:
@@ -217,16 +195,10 @@ def attributes_schema(*, non_empty: bool) -> JsonSchema:
     return {**schema, "minProperties": 1} if non_empty else schema
 
 
-# JSON Schema without references cannot recurse: the schema checks this many
-# levels of all/any/not, and the service checks any deeper ones at start.
-_FILTER_SCHEMA_DEPTH: Final = 2
-
-
-def filter_entry_schema(depth: int = _FILTER_SCHEMA_DEPTH) -> JsonSchema:
-    if depth == 0:
-        return {"type": "object"}
-    inner = filter_entry_schema(depth - 1)
-    nested = {"type": "array", "minItems": 1, "items": inner}
+def filter_entry_schema(ref: str) -> JsonSchema:
+    """One ``filters`` entry; ``ref`` points at this schema itself, for the
+    nesting dialects (all, any, not) at any depth."""
+    nested = {"type": "array", "minItems": 1, "items": {"$ref": ref}}
     match = attributes_schema(non_empty=True)
     return {
         "type": "object",
@@ -239,7 +211,7 @@ def filter_entry_schema(depth: int = _FILTER_SCHEMA_DEPTH) -> JsonSchema:
             "suffix": match,
             "all": nested,
             "any": nested,
-            "not": inner,
+            "not": {"$ref": ref},
             "cesql": {"type": "string", "minLength": 1},
         },
     }

@@ -16,16 +16,15 @@ from typing import Final, TypeVar, get_args
 
 from dispatcher import cesql
 from dispatcher.bearer import read_token
-from dispatcher.config.redaction import show
-from dispatcher.config.settings import (
+from dispatcher.config.filter_tree import (
     CesqlFilter,
     FilterEntry,
     MatchDialect,
     MatchFilter,
     NestingDialect,
     NestingFilter,
-    split_listen,
 )
+from dispatcher.config.redaction import show
 from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.retry import RETRY_CLASSES
 
@@ -336,6 +335,30 @@ def size(value: object, key: str) -> int:
     if count <= 0:
         raise ConfigError(key, "must be > 0")
     return count
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); empty host = all IPv4 interfaces; IPv6 in brackets.
+
+    Raises ``ValueError`` saying what is wrong (``listen`` makes it a
+    ``ConfigError`` naming the key).
+    """
+    if listen.startswith("["):
+        host, bracket, rest = listen[1:].partition("]")
+        if not bracket or not host or not rest.startswith(":"):
+            raise ValueError("must be host:port, IPv6 hosts in brackets ([::1]:9090)")
+        port_text = rest[1:]
+    else:
+        host, colon, port_text = listen.rpartition(":")
+        if not colon:
+            raise ValueError("must be host:port (e.g. 0.0.0.0:9090)")
+        if ":" in host:
+            raise ValueError("IPv6 hosts must be in brackets ([::]:9090)")
+        host = host or "0.0.0.0"
+    # Port 0 asks the OS for a free port (tests, several instances on one host).
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
+        raise ValueError("port must be 0..65535")
+    return host, int(port_text)
 
 
 def listen(value: object, key: str) -> str:

@@ -44,7 +44,9 @@ CASES = {
 
 def one_run(ratio: float, trace: dict[str, str]) -> tuple[float, float]:
     """(loop us, encoding us) per delivery."""
-    settings = TracingSettings(True, "http://127.0.0.1:9", ratio, "bench")
+    settings = TracingSettings(
+        enabled=True, endpoint="http://127.0.0.1:9", sample_ratio=ratio, service_name="bench"
+    )
     # Nothing is exported during the run: a queue that holds it all, no schedule.
     tracer = OtlpTracer(
         settings, settings.traces_url, lambda _n: None, 10**6, 10**7, schedule_delay=3600

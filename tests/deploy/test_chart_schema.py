@@ -38,3 +38,27 @@ def test_a_positive_backoff_delay_renders(tmp_path: Path) -> None:
     values.write_text(yaml.safe_dump({"config": {"bindings": [{**BINDING, "delivery": delivery}]}}))
     result = run_helm("template", "dispatcher", CHART, "--values", values)
     assert result.returncode == 0, result.stderr
+
+
+def _nested(depth: int, innermost: dict[str, object]) -> dict[str, object]:
+    entry = innermost
+    for level in range(depth):
+        entry = {"not": entry} if level % 2 else {"all": [entry]}
+    return entry
+
+
+def _template_filters(tmp_path: Path, entry: dict[str, object]):  # type: ignore[no-untyped-def]
+    values = tmp_path / "values.yaml"
+    binding = {**BINDING, "filters": [entry]}
+    values.write_text(yaml.safe_dump({"config": {"bindings": [binding]}}))
+    return run_helm("template", "dispatcher", CHART, "--values", values)
+
+
+def test_filters_are_checked_at_any_depth(tmp_path: Path) -> None:
+    # One schema of a filter entry, referring to itself: a mistake five levels
+    # down is refused by helm as one at the top is (the inline schema stopped at 2).
+    good = _template_filters(tmp_path, _nested(5, {"exact": {"type": "t"}}))
+    assert good.returncode == 0, good.stderr
+    bad = _template_filters(tmp_path, _nested(5, {"exact": {"type": ""}}))
+    assert bad.returncode != 0, bad.stdout
+    assert "config.bindings.0.filters.0.all.0.not.all.0.not.all.0.exact.type" in bad.stderr

@@ -112,6 +112,31 @@ def test_bad_config_exits_2_naming_the_key_without_traceback(tmp_path, mutate, e
         assert "s3cret" not in result.stderr
 
 
+def test_check_lists_every_problem_of_the_file_one_per_line(tmp_path):
+    path = write_config(tmp_path, "q", "http://127.0.0.1:1/")
+    config = yaml.safe_load(path.read_text())
+    config["broker"] = {"heartbeat": "0s", "reconnect": {"initial_delay": 0}}
+    config["bindings"][0].update(parallelism=0, colour="blue")
+    config["bindings"].append({"name": "b", "queue": "", "subscriber": "ftp://x/"})
+    path.write_text(yaml.safe_dump(config))
+    for command in ("check", "run"):
+        result = dispatcher(command, "--config", str(path))
+        assert result.returncode == 2
+        assert result.stderr.splitlines() == [
+            "dispatcher: broker.heartbeat: must be at least 1s "
+            "(heartbeats detect silent connections)",
+            "dispatcher: broker.reconnect.initial_delay: must be > 0",
+            # An unknown key first in its section: a misspelt key explains the rest.
+            "dispatcher: bindings[0].colour: unknown key (expected one of: auth, "
+            "circuit_breaker, content_mode, dead_letter, declare, dedupe_window, delivery, "
+            "filter, filters, headers, max_body_size, name, non_cloudevent, ordered, "
+            "parallelism, prefetch, queue, reply, subscriber, tls)",
+            "dispatcher: bindings[0].parallelism: must be between 1 and 65535",
+            "dispatcher: bindings[1].queue: must not be empty",
+            "dispatcher: bindings[1].subscriber: must be an http(s) URL, got 'ftp://x/'",
+        ]
+
+
 def test_missing_config_file_exits_2(tmp_path):
     result = dispatcher("check", "--config", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2

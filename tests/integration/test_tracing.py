@@ -349,8 +349,9 @@ def test_a_ratio_samples_about_that_share_of_new_traces(make_subscriber, traced,
     # Binomial(400, 0.25): mean 100, sd 8.7; these bounds are over 4.5 sd away.
     assert 60 <= sent <= 140
     spans = collector.wait_for(
-        lambda spans: len(by_kind(spans, "CONSUMER")) >= sent
-        and len(by_kind(spans, "CLIENT")) >= sent,
+        lambda spans: (
+            len(by_kind(spans, "CONSUMER")) >= sent and len(by_kind(spans, "CLIENT")) >= sent
+        ),
         what=f"{sent} consumer and {sent} client spans",
     )
     assert len(by_kind(spans, "CONSUMER")) == len(by_kind(spans, "CLIENT")) == sent

@@ -291,7 +291,9 @@ def test_readiness_says_paused_only_while_the_channel_is_fine(h: Harness) -> Non
         lambda: None,
         lambda _name, _received: None,
     )
-    consumer = Consumer(BindingSettings("b", "q", "http://127.0.0.1:1/"), shared, h.breaker)
+    consumer = Consumer(
+        BindingSettings(name="b", queue="q", subscriber="http://127.0.0.1:1/"), shared, h.breaker
+    )
     h.attempts(True, True, True, True)
     assert h.state is CircuitState.OPEN
     assert consumer.consumption == "down"  # no channel yet

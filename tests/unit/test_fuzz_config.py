@@ -27,17 +27,18 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_origin
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from dispatcher import config as config_module
 from dispatcher.config import Settings, knative, load_settings, render_effective_config
+from dispatcher.config.problems import section_in
 from dispatcher.errors import ConfigError
 from tests.support.fuzz import fuzz_settings
 
@@ -55,43 +56,37 @@ VARIABLES = frozenset({*OVERRIDES, *KNATIVE, "DISPATCHER_CONFIG", "config"})
 
 
 # --------------------------------------------------------------------------
-# The key paths a message may name, from the settings dataclasses themselves
+# The key paths a message may name, from the settings models themselves
 # --------------------------------------------------------------------------
 
 
-def _key_paths(shape: type, prefix: str) -> set[str]:
+def _key_paths(shape: type[BaseModel], prefix: str) -> set[str]:
     paths: set[str] = set()
-    hints = get_type_hints(shape, vars(config_module))
-    for f in fields(shape):
-        path = f"{prefix}.{f.name}" if prefix else f.name
+    for name, f in shape.model_fields.items():
+        path = f"{prefix}.{name}" if prefix else name
         paths.add(path)
-        kind = hints[f.name]
-        inner = [a for a in getattr(kind, "__args__", (kind,)) if a is not type(None)]
-        for arg in inner:
-            if arg is not Ellipsis and isinstance(arg, type) and is_dataclass(arg):
-                sub = f"{path}[]" if getattr(kind, "__origin__", None) is tuple else path
-                paths.add(sub)
-                paths |= _key_paths(arg, sub)
+        nested = section_in(f.annotation)
+        if nested is not None:
+            sub = f"{path}[]" if get_origin(f.annotation) is tuple else path
+            paths.add(sub)
+            paths |= _key_paths(nested, sub)
     return paths
 
 
 KEY_PATHS = frozenset(_key_paths(Settings, ""))
 
 
-def _open_paths(shape: type, prefix: str) -> set[str]:
+def _open_paths(shape: type[BaseModel], prefix: str) -> set[str]:
     """Keys that hold lists or mappings of values (``broker.url``, ``retry_on``,
     ``headers``, ``filters``...): an error may name a place inside them."""
     paths: set[str] = set()
-    hints = get_type_hints(shape, vars(config_module))
-    for f in fields(shape):
-        path = f"{prefix}.{f.name}" if prefix else f.name
-        kind = hints[f.name]
-        inner = [a for a in getattr(kind, "__args__", (kind,)) if a is not type(None)]
-        nested = [a for a in inner if isinstance(a, type) and is_dataclass(a)]
-        for arg in nested:
-            sub = f"{path}[]" if getattr(kind, "__origin__", None) is tuple else path
-            paths |= _open_paths(arg, sub)
-        if not nested and "tuple[" in str(kind):
+    for name, f in shape.model_fields.items():
+        path = f"{prefix}.{name}" if prefix else name
+        nested = section_in(f.annotation)
+        if nested is not None:
+            sub = f"{path}[]" if get_origin(f.annotation) is tuple else path
+            paths |= _open_paths(nested, sub)
+        elif "tuple[" in str(f.annotation):
             paths.add(path)
     return paths
 
@@ -273,37 +268,32 @@ VALID_IN: dict[tuple[type, str], Any] = {(config_module.ReplySettings, "url"): "
 _NEEDED_FOR_VALID = {(Settings, "bindings"), (config_module.DeclareSettings, "type")}
 
 
-def _section(shape: type, draw: st.DrawFn, junk: bool = True) -> dict[Any, Any]:
+def _section(shape: type[BaseModel], draw: st.DrawFn, junk: bool = True) -> dict[Any, Any]:
     """A mapping with ``shape``'s keys, each left out, valid, or random junk (none
     with ``junk=False``, and required keys always there: a valid config, but for
     rules between keys)."""
-    hints = get_type_hints(shape, vars(config_module))
     out: dict[Any, Any] = {}
-    for f in fields(shape):
-        required = (f.default is MISSING and f.default_factory is MISSING) or (
-            (shape, f.name) in _NEEDED_FOR_VALID
-        )
+    for name, f in shape.model_fields.items():
+        required = f.is_required() or (shape, name) in _NEEDED_FOR_VALID
         if junk:
             choice = draw(st.sampled_from(["omit", "valid", "valid", "junk", "nested"]))
         else:
             choice = draw(st.sampled_from(["valid", "nested"] + ([] if required else ["omit"])))
-        kind = hints[f.name]
-        inner = [a for a in getattr(kind, "__args__", (kind,)) if a is not type(None)]
-        nested = next((a for a in inner if isinstance(a, type) and is_dataclass(a)), None)
+        nested = section_in(f.annotation)
         if choice == "omit":
             continue
         if nested is not None and choice in ("valid", "nested"):
             one = _section(nested, draw, junk)
-            is_list = getattr(kind, "__origin__", None) is tuple
-            out[f.name] = (
+            is_list = get_origin(f.annotation) is tuple
+            out[name] = (
                 [one] + [_section(nested, draw, junk) for _ in range(draw(st.integers(0, 2)))]
                 if is_list
                 else one
             )
-        elif f.name in VALID and (choice == "valid" or not junk):
-            out[f.name] = VALID_IN.get((shape, f.name), VALID[f.name])
+        elif name in VALID and (choice == "valid" or not junk):
+            out[name] = VALID_IN.get((shape, name), VALID[name])
         elif junk:
-            out[f.name] = draw(ANY)
+            out[name] = draw(ANY)
     if junk and draw(st.integers(0, 9)) == 0:
         out[draw(st.one_of(TEXT, st.integers(), st.none()))] = draw(ANY)
     return out

@@ -295,9 +295,9 @@ def _server_context(material: Path, require_client: bool) -> ssl.SSLContext:
 def test_https_with_the_binding_ca_and_client_certificate(http, serve, tls_material):
     server = serve(lambda _i: ok(200), tls=_server_context(tls_material, require_client=True))
     tls = TlsSettings(
-        str(tls_material / "ca.pem"),
-        str(tls_material / "client.pem"),
-        str(tls_material / "client.key"),
+        ca_file=str(tls_material / "ca.pem"),
+        cert_file=str(tls_material / "client.pem"),
+        key_file=str(tls_material / "client.key"),
     )
     assert http(Endpoint(server.url(), tls)).status == 200
     assert http(Endpoint(server.url(), tls)).status == 200

@@ -40,7 +40,9 @@ def collector():
 
 
 def tracer(collector: Collector, ratio: float = 1.0, dropped: Count | None = None, **kw):
-    settings = TracingSettings(True, collector.endpoint, ratio, "unit")
+    settings = TracingSettings(
+        enabled=True, endpoint=collector.endpoint, sample_ratio=ratio, service_name="unit"
+    )
     made = OtlpTracer(settings, settings.traces_url, dropped or Count(), **kw)
     return made
 

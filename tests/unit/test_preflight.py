@@ -69,3 +69,64 @@ def test_in_knative_mode_the_broker_url_is_blamed_on_the_variable_that_gave_it(
     monkeypatch.setenv("RABBIT_URL", "amqp://h/?heartbeat=x")
     assert cli.main(["check"]) == 2
     assert capsys.readouterr().err.startswith("dispatcher: RABBIT_URL: ")
+
+
+@pytest.mark.parametrize(
+    ("options", "pika_says"),
+    [
+        ("{'cafile': '/nonexistent/ca.pem'}", "No such file or directory"),
+        ("{'protocol': 16}", "cafile, capath and cadata cannot be all omitted"),
+        ("{'protocol': 'x'}", "cannot be interpreted as an integer"),
+        ("", "Unknown URL parameter: 'nonsense'"),
+    ],
+)
+def test_the_command_line_refuses_what_pika_cannot_read(
+    options: str, pika_says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pika reads the broker URL before anything starts, `check` and the batch
+    commands included: a config error naming the key (exit 2), not a crash at
+    connect time, and never the password."""
+    query = f"ssl_options={options}" if options else "nonsense=1"
+    url = f"amqp://guest:secret@localhost:5672/%2F?{query}"
+    config = tmp_path / "dispatcher.yaml"
+    config.write_text(yaml.safe_dump({"broker": {"url": url}, "bindings": [BINDING]}))
+    for command in ("check", "archive"):
+        extra = ["--queue", "q", "--out", str(tmp_path / "out")] if command == "archive" else []
+        assert cli.main([command, "--config", str(config), *extra]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("dispatcher: broker.url: invalid connection parameter in ")
+        assert pika_says in error and "secret" not in error
+
+
+def test_the_nodes_of_one_cluster_name_one_virtual_host_as_pika_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = ["amqp://a/v1", "amqp://b/v2"]
+    error = check(tmp_path, {"broker": {"url": nodes}}, capsys)
+    assert error == (
+        "dispatcher: broker.url: every node of one cluster must name the same virtual host\n"
+    )
+    # %2F and an empty path are both pika's "/".
+    config = tmp_path / "same.yaml"
+    same = {"broker": {"url": ["amqp://a/%2F", "amqp://b"]}, "bindings": [BINDING]}
+    config.write_text(yaml.safe_dump(same))
+    assert cli.main(["check", "--config", str(config)]) == 0
+
+
+def test_a_proxy_variable_run_would_refuse_is_refused_by_check_with_the_same_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "ftp://proxy.example")
+    binding = {**BINDING, "subscriber": "http://127.0.0.1:9/", "reply": {"url": "https://r/"}}
+    config = tmp_path / "dispatcher.yaml"
+    config.write_text(yaml.safe_dump({"bindings": [binding]}))
+    said = (
+        "dispatcher: HTTPS_PROXY: must be a proxy URL for bindings[0].reply.url, "
+        "got 'ftp://proxy.example'\n"
+    )
+    for command in ("check", "run"):
+        assert cli.main([command, "--config", str(config)]) == 2
+        assert capsys.readouterr().err == said
+    # An http subscriber alone never goes through HTTPS_PROXY: accepted.
+    config.write_text(yaml.safe_dump({"bindings": [BINDING]}))
+    assert cli.main(["check", "--config", str(config)]) == 0

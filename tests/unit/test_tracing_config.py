@@ -29,7 +29,9 @@ def refused(env: dict[str, str] | None = None, **section: Any) -> str:
 
 
 def test_off_by_default_with_the_contract_s_defaults():
-    assert tracing() == TracingSettings(False, "http://127.0.0.1:4318", 1.0, "dispatcher")
+    assert tracing() == TracingSettings(
+        enabled=False, endpoint="http://127.0.0.1:4318", sample_ratio=1.0, service_name="dispatcher"
+    )
     assert tracing().traces_url == "http://127.0.0.1:4318/v1/traces"
 
 
@@ -37,7 +39,9 @@ def test_the_file_s_values():
     t = tracing(
         enabled=True, endpoint="https://c.example/otlp/", sample_ratio=0.5, service_name="x"
     )
-    assert t == TracingSettings(True, "https://c.example/otlp/", 0.5, "x")
+    assert t == TracingSettings(
+        enabled=True, endpoint="https://c.example/otlp/", sample_ratio=0.5, service_name="x"
+    )
     assert t.traces_url == "https://c.example/otlp/v1/traces"
 
 
@@ -139,7 +143,9 @@ def test_knative_s_http_protobuf_tracing_maps():
             "metrics": {"protocol": "none"},
         }
     )
-    assert t == TracingSettings(True, "http://jaeger-collector.observability:4318", 0.1)
+    assert t == TracingSettings(
+        enabled=True, endpoint="http://jaeger-collector.observability:4318", sample_ratio=0.1
+    )
     assert t.traces_url == "http://jaeger-collector.observability:4318/v1/traces"
 
 
