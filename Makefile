@@ -105,11 +105,13 @@ soak: $(VENV)/.installed
 bench-pipeline: $(VENV)/.installed
 	$(PY) tests/bench/pipeline.py $(PIPELINE_BENCH_ARGS)
 
-# The config part of the Helm chart's values.schema.json, generated from the
-# service's own rules (tests/unit/test_config_schema.py fails when it is stale).
+# The config part of the Helm chart's values.schema.json and the key reference
+# (docs/configuration-keys.md), generated from the settings models
+# (tests/unit/test_config_schema.py fails when either is stale).
 .PHONY: schema
 schema: $(VENV)/.installed
 	$(PY) -m dispatcher.config.schema
+	$(PY) -m dispatcher.config.reference
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dispatcher tests cmd

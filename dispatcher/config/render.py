@@ -40,6 +40,12 @@ def _plain(section: BaseModel) -> dict[str, object]:
     return {name: _render(getattr(section, name), _how(f)) for name, f in shape.items()}
 
 
+def rendered_default(field: FieldInfo) -> object:
+    """A key's default as ``check`` writes it (``200ms``, ``8MiB``)."""
+    value = field.get_default(call_default_factory=True)
+    return _render(value, _how(field))
+
+
 def _how(field: FieldInfo) -> str | None:
     return next((m.render for m in field.metadata if isinstance(m, Accepts)), None)
 

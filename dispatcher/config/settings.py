@@ -98,6 +98,8 @@ class TlsSettings(Section):
 
 
 class ReconnectSettings(Section):
+    """How the broker side waits between attempts to reconnect."""
+
     # Exponential backoff from 0 stays at 0: a tight reconnect loop.
     initial_delay: Annotated[float, _POSITIVE_DURATION] = Field(
         default=0.2, description="First wait before reconnecting; doubles, with jitter"
@@ -112,6 +114,8 @@ class ReconnectSettings(Section):
 
 
 class BrokerSettings(Section):
+    """The RabbitMQ node (or cluster) the bindings consume from and publish to."""
+
     url: Annotated[str | tuple[str, ...], url_list(amqp_urls, "amqp", "amqps")] = Field(
         default="amqp://guest:guest@localhost:5672/%2F",
         description="One node's URL, or a cluster's nodes (a list, or comma-separated)",
@@ -135,6 +139,8 @@ class BrokerSettings(Section):
 
 
 class DedupeSettings(Section):
+    """Duplicate suppression shared by the replicas of one fleet."""
+
     store: Annotated[str | None, url_of(redis_url, "redis", "rediss")] = Field(
         default=None,
         description="redis:// or rediss://: claims shared by every replica; "
@@ -148,6 +154,8 @@ _LISTEN: Final = Accepts(
 
 
 class HttpSettings(Section):
+    """The operations server: /metrics, /healthz, /readyz."""
+
     listen: Annotated[str, _LISTEN] = Field(
         default="0.0.0.0:9090", description="Metrics and probes: host:port, IPv6 in brackets"
     )
@@ -162,6 +170,8 @@ class HttpSettings(Section):
 
 
 class ShutdownSettings(Section):
+    """What SIGTERM leaves time for."""
+
     grace: Annotated[float, _DURATION] = Field(
         default=25.0, description="After SIGTERM, in-flight work gets this long"
     )
@@ -172,8 +182,14 @@ _LOG_LEVEL: Final = choice(get_args(LogLevel), lower=True, aliases={"warn": "war
 
 
 class LoggingSettings(Section):
-    level: Annotated[LogLevel, _LOG_LEVEL] = "info"
-    format: Annotated[LogFormat, choice(get_args(LogFormat), lower=True)] = "json"
+    """Log lines on stdout."""
+
+    level: Annotated[LogLevel, _LOG_LEVEL] = Field(
+        default="info", description="debug, info, warning (or warn) or error; any case"
+    )
+    format: Annotated[LogFormat, choice(get_args(LogFormat), lower=True)] = Field(
+        default="json", description="json (one object per line) or console"
+    )
 
 
 class TracingSettings(Section):
@@ -181,7 +197,9 @@ class TracingSettings(Section):
     override these (``otel``), and the exporter reads the rest of them
     itself (headers, resource attributes, a signal-specific endpoint)."""
 
-    enabled: Annotated[bool, BOOLEAN] = False
+    enabled: Annotated[bool, BOOLEAN] = Field(
+        default=False, description="Export a span per delivery, per HTTP attempt and per publish"
+    )
     endpoint: Annotated[str, _HTTP_URL] = Field(
         default="http://127.0.0.1:4318",
         description="The collector's base URL: /v1/traces is appended, "
@@ -191,7 +209,9 @@ class TracingSettings(Section):
         default=1.0,
         description="Parent-based: a sampled parent is always followed, one that is not never",
     )
-    service_name: Annotated[str, text(non_empty=True)] = "dispatcher"
+    service_name: Annotated[str, text(non_empty=True)] = Field(
+        default="dispatcher", description="service.name of the spans (OTEL_SERVICE_NAME wins)"
+    )
 
     @property
     def traces_url(self) -> str:
@@ -199,10 +219,20 @@ class TracingSettings(Section):
 
 
 class DeclareSettings(Section):
-    durable: Annotated[bool, BOOLEAN] = True
-    type: Annotated[QueueType, choice(get_args(QueueType))] = "classic"
-    dead_letter_exchange: Annotated[str | None, _TEXT] = None
-    delivery_limit: Annotated[int | None, integer(1)] = None
+    """Declare the queue at start (unset: it must exist)."""
+
+    durable: Annotated[bool, BOOLEAN] = Field(
+        default=True, description="Survives a broker restart (quorum queues must be)"
+    )
+    type: Annotated[QueueType, choice(get_args(QueueType))] = Field(
+        default="classic", description="classic or quorum"
+    )
+    dead_letter_exchange: Annotated[str | None, _TEXT] = Field(
+        default=None, description="The queue's x-dead-letter-exchange"
+    )
+    delivery_limit: Annotated[int | None, integer(1)] = Field(
+        default=None, description="Quorum queues: redeliveries before the broker dead-letters"
+    )
 
     @model_validator(mode="after")
     def _broker_accepts(self) -> Self:
@@ -228,13 +258,21 @@ _STATUS_OR_CLASS: Final = {
 
 
 class DeliverySettings(Section):
+    """Attempts, timeouts and retry waits of one delivery."""
+
     retry: Annotated[int, integer(0)] = Field(
         default=5, description="Retries after the first attempt"
     )
-    backoff_policy: Annotated[BackoffPolicy, choice(get_args(BackoffPolicy))] = "exponential"
+    backoff_policy: Annotated[BackoffPolicy, choice(get_args(BackoffPolicy))] = Field(
+        default="exponential", description="exponential (d, 2d, 4d...) or linear (d, 2d, 3d...)"
+    )
     # 0 would requeue a refused message straight back, in a hot loop.
-    backoff_delay: Annotated[float, _POSITIVE_DURATION] = 0.2
-    backoff_max: Annotated[float, _DURATION] = 30.0
+    backoff_delay: Annotated[float, _POSITIVE_DURATION] = Field(
+        default=0.2, description="The first retry's wait, d"
+    )
+    backoff_max: Annotated[float, _DURATION] = Field(
+        default=30.0, description="No wait is longer (a Retry-After included)"
+    )
     timeout: Annotated[float, _POSITIVE_DURATION] = Field(default=10.0, description="Per attempt")
     retry_on: Annotated[
         tuple[int | str, ...],
@@ -256,11 +294,21 @@ class DeliverySettings(Section):
 class CircuitBreakerSettings(Section):
     """When the subscriber is failing, stop taking messages (``dispatcher.breaker``)."""
 
-    failure_ratio: Annotated[float, number(0.0, 1.0, low_open=True)] = 0.5
-    min_attempts: Annotated[int, integer(1)] = 20
-    window: Annotated[float, _POSITIVE_DURATION] = 30.0
-    open_for: Annotated[float, _POSITIVE_DURATION] = 30.0
-    max_open: Annotated[float, _POSITIVE_DURATION] = 300.0
+    failure_ratio: Annotated[float, number(0.0, 1.0, low_open=True)] = Field(
+        default=0.5, description="Opens when this share of attempts in the window failed"
+    )
+    min_attempts: Annotated[int, integer(1)] = Field(
+        default=20, description="and at least this many attempts were made in it"
+    )
+    window: Annotated[float, _POSITIVE_DURATION] = Field(
+        default=30.0, description="The span of attempts counted"
+    )
+    open_for: Annotated[float, _POSITIVE_DURATION] = Field(
+        default=30.0, description="First pause before a probe; doubles while probes fail"
+    )
+    max_open: Annotated[float, _POSITIVE_DURATION] = Field(
+        default=300.0, description="Longest pause"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -270,17 +318,36 @@ class CircuitBreakerSettings(Section):
 
 
 class DeadLetterSettings(Section):
-    sink: Annotated[str | None, _HTTP_URL] = None
-    exchange: Annotated[str | None, _TEXT] = None
-    routing_key: Annotated[str, _TEXT] = ""
+    """Where an event that cannot be delivered goes (unset: rejected, to the
+    queue's own dead-letter exchange if it has one)."""
+
+    sink: Annotated[str | None, _HTTP_URL] = Field(
+        default=None, description="An http(s) URL that receives what cannot be delivered"
+    )
+    exchange: Annotated[str | None, _TEXT] = Field(
+        default=None, description='Or an exchange it is published to ("": the default exchange)'
+    )
+    routing_key: Annotated[str, _TEXT] = Field(
+        default="", description="The routing key of that publish"
+    )
 
 
 class ReplySettings(Section):
+    """Where a subscriber's reply event (a CloudEvent in a 2xx answer) goes;
+    unset: dropped."""
+
     # ``exchange: ""`` is the AMQP default exchange (routing key = queue name),
     # which is a real target, so only ``None`` means "no exchange".
-    exchange: Annotated[str | None, _TEXT] = None
-    routing_key: Annotated[str, _TEXT] = ""
-    url: Annotated[str | None, _HTTP_URL] = None
+    exchange: Annotated[str | None, _TEXT] = Field(
+        default=None,
+        description='The reply is published to this exchange ("": the default one)',
+    )
+    routing_key: Annotated[str, _TEXT] = Field(
+        default="", description="The routing key of that publish"
+    )
+    url: Annotated[str | None, _HTTP_URL] = Field(
+        default=None, description="Or POSTed to this http(s) URL"
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:
@@ -290,6 +357,8 @@ class ReplySettings(Section):
 
 
 class AuthSettings(Section):
+    """How requests authenticate to the subscriber, beyond a URL's user:password@."""
+
     bearer_token_file: Annotated[
         str | None, Accepts(values.token_file, {"type": "string", "minLength": 1})
     ] = Field(
@@ -306,7 +375,9 @@ class AttributesFilter(Section):
     attributes: Annotated[
         tuple[tuple[str, str], ...],
         Accepts(values.filter_attributes, attributes_schema(non_empty=False), "mapping", tuple),
-    ] = ()
+    ] = Field(
+        default=(), description='Attribute name to value; "" means present, whatever its value'
+    )
 
 
 _HEADERS_SCHEMA: Final = {
@@ -327,16 +398,26 @@ FILTER_REF: Final = "#/$defs/filter"
 
 
 class BindingSettings(Section):
+    """One queue delivered to one subscriber."""
+
     name: Annotated[
         str,
         Accepts(
             values.binding_name, {"type": "string", "pattern": f"^{values.BINDING_NAME.pattern}$"}
         ),
-    ]
-    queue: Annotated[str, text(non_empty=True, max_bytes=255)]  # AMQP 0-9-1 shortstr limit
+    ] = Field(description="Names the binding in metrics and logs: 1-64 of A-Z a-z 0-9 _ . -")
+    # At most 255 bytes: the AMQP 0-9-1 shortstr limit.
+    queue: Annotated[str, text(non_empty=True, max_bytes=255)] = Field(
+        description="The queue to consume"
+    )
     declare: DeclareSettings | None = None
-    subscriber: Annotated[str, _HTTP_URL]
-    content_mode: Annotated[ContentMode, choice(get_args(ContentMode))] = "binary"
+    subscriber: Annotated[str, _HTTP_URL] = Field(
+        description="Where each event is POSTed: an http(s) URL"
+    )
+    content_mode: Annotated[ContentMode, choice(get_args(ContentMode))] = Field(
+        default="binary",
+        description="CloudEvents HTTP mode: binary (ce- headers) or structured (JSON body)",
+    )
     tls: TlsSettings = Field(default_factory=TlsSettings)
     parallelism: Annotated[int, _AMQP_SHORT] = Field(
         default=10, description="Deliveries in flight at once"
@@ -370,7 +451,10 @@ class BindingSettings(Section):
     )
     dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)
     reply: ReplySettings = Field(default_factory=ReplySettings)
-    non_cloudevent: Annotated[NonCloudEvent, choice(get_args(NonCloudEvent))] = "wrap"
+    non_cloudevent: Annotated[NonCloudEvent, choice(get_args(NonCloudEvent))] = Field(
+        default="wrap",
+        description="A message that is not a CloudEvent: wrap it in one, or dead_letter it",
+    )
     max_body_size: Annotated[int, size()] = Field(
         default=8 * 1024 * 1024, description="Bodies above this are dead-lettered, not buffered"
     )
@@ -438,6 +522,8 @@ def _binding_list(raw: object) -> object:
 
 
 class Settings(Section):
+    """The service's whole configuration."""
+
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)

@@ -10,8 +10,8 @@ import jsonschema
 import yaml
 from hypothesis import HealthCheck, assume, given
 
+from dispatcher.config import reference, settings_from_dict
 from dispatcher.config import schema as config_schema
-from dispatcher.config import settings_from_dict
 from dispatcher.errors import ConfigError
 from tests.support.fuzz import fuzz_settings
 from tests.unit.test_fuzz_config import config_trees
@@ -104,3 +104,41 @@ def test_schema_accepts_whatever_the_service_accepts(tree: dict[str, Any]) -> No
         return  # bytes, dates: not values Helm can carry
     errors = list(jsonschema.Draft7Validator(config_schema.service_schema()).iter_errors(document))
     assert not errors, [(list(e.path), e.message) for e in errors]
+
+
+def test_checked_in_key_reference_is_the_generated_one(tmp_path: Path) -> None:
+    page = ROOT / reference.PAGE
+    assert page.read_text(encoding="utf-8") == reference.page(), (
+        f"{reference.PAGE} differs from the settings models: run {reference.REGENERATE}"
+    )
+    stale = tmp_path / "keys.md"
+    stale.write_text(reference.page().replace("| `bindings[].ordered` |", "| `ordered` |"))
+    assert reference.main(["--page", str(stale), "--check"]) == 1
+    assert reference.main(["--page", str(stale)]) == 0
+    assert stale.read_text(encoding="utf-8") == reference.page()
+
+
+def test_the_key_reference_lists_every_key_the_loader_reads() -> None:
+    # Every key the example file writes (it writes every key) is in the page.
+    listed = {
+        line.split("`")[1] for line in reference.page().splitlines() if line.startswith("| `")
+    }
+    example = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+
+    def paths(node: object, prefix: str) -> set[str]:
+        if isinstance(node, list):
+            return set().union(
+                *(paths(item, f"{prefix}[].") for item in node if isinstance(item, dict))
+            )
+        if not isinstance(node, dict):
+            return set()
+        found = set()
+        for key, value in node.items():
+            found.add(f"{prefix}{key}")
+            if key not in ("headers", "filters", "attributes", "url", "retry_on"):
+                found |= {p for p in paths(value, f"{prefix}{key}.") if not p.endswith(".")}
+        return found
+
+    written = {p.replace(".[]", "[]") for p in paths(example, "")}
+    assert written <= listed, written - listed
+    assert "bindings[].delivery.retry_on" in listed and "tracing.sample_ratio" in listed
