@@ -83,7 +83,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 
 # The service suite (W1-W7, tests/bench/run.py), a subscriber outage with and
 # without the circuit breaker (W8, tests/bench/outage.py), what one HTTP request costs in
-# each engine (the README's "Why libcurl"), what a filter and tracing cost per
+# each engine (docs/http.md, "Why libcurl"), what a filter and tracing cost per
 # event, then the batch side.
 bench: $(VENV)/.bench-installed
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
@@ -126,7 +126,7 @@ distclean: clean
 	rm -rf $(VENV)
 
 comma := ,
-# Not part of `make test`: needs a container engine (see README, "Deploying").
+# Not part of `make test`: needs a container engine (see docs/deployment.md).
 image:
 	$(CONTAINER) build --build-arg BASE=$(BASE) \
 	  $(if $(CA_BUNDLE),--secret id=ca-bundle$(comma)src=$(CA_BUNDLE)) -t $(IMAGE) .

@@ -1,5 +1,5 @@
 """Prometheus metrics. Their names and labels are part of the user contract
-(the README's metrics list, dashboards and the alert rules in
+(docs/operations.md's metrics list, dashboards and the alert rules in
 ``deploy/prometheus``): never rename one.
 
 Labels are low-cardinality by construction: a binding name (validated at

@@ -11,7 +11,7 @@ subscriber goes down for 60 s (503 at once to every request, SIGUSR1 to
 the first delivery after it (the breaker's probe), and the rate at which the
 backlog drains after that, against the same run's rate before the outage.
 
-The breaker's settings follow the README's advice: a `window` (2 s) shorter
+The breaker's settings follow docs/operations.md's advice: a `window` (2 s) shorter
 than the fastest a message can spend its retries (about 5 s here), so it opens
 before any message runs out of them; `open_for` 1 s, `max_open` 5 s.
 """

@@ -250,7 +250,7 @@ def test_a_delivery_settled_while_another_replica_held_the_claim_is_never_sent_a
 ):
     """The second of the soak's two windows, with two real replicas. The owner's
     request hangs; it loses the broker, which redelivers to the other, whose store
-    does not answer: memory decides and the other delivers (a duplicate the README
+    does not answer: memory decides and the other delivers (a duplicate docs/guarantees.md
     lists: the store was unreachable). The other's settlement reaches the store once
     it answers, while the owner's claim still holds the key; the other then loses
     the broker too, so its ack never arrives, and the event goes back to the owner,

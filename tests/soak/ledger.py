@@ -2,7 +2,7 @@
 dead-lettered, and every duplicate sorted by the fault window it falls in.
 
 A duplicate is an event the subscriber answered 2xx more than once. Some are
-the README's "Duplicates remain possible" cases, and are classified so; any
+docs/guarantees.md's "Duplicates remain possible" cases, and are classified so; any
 other is ``unexplained``, and fails the soak, as does any event lost (confirmed
 by the broker, then neither delivered nor dead-lettered).
 """
@@ -81,7 +81,7 @@ class Ledger:
         }
 
     def classify(self, event_id: str, found: list[Request]) -> str:
-        """The first window of the README's list that explains the later requests.
+        """The first window of docs/guarantees.md's list that explains the later requests.
 
         The publisher's own copies explain one 2xx each, no more: an extra answer
         for a copy is classified like any other duplicate."""

@@ -22,7 +22,9 @@ def defined(path: Path) -> set[str]:
     return {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
 
 
-@pytest.mark.parametrize("document", ["docs/failure-modes.md", "docs/conformance.md", "README.md"])
+@pytest.mark.parametrize(
+    "document", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md"))]
+)
 def test_every_named_test_exists(document: str) -> None:
     text = (ROOT / document).read_text()
     missing = [

@@ -184,7 +184,7 @@ def test_a_long_backoff_delay_without_retries_loads(tmp_path, monkeypatch):
 
 def test_the_rest_of_knatives_environment_changes_nothing(tmp_path, monkeypatch):
     # What the eventing-rabbitmq controller also sets: no filter, no auth, no
-    # setting this maps (the README lists them as ignored).
+    # setting this maps (docs/operations.md lists them as ignored).
     controller = {
         "K_LOGGING_CONFIG": '{"zap-logger-config": "{}"}',
         "K_OBSERVABILITY_CONFIG": "{}",
