@@ -4,7 +4,7 @@ The loop is the process's one working thread: pika's connections
 (``broker/pika_loop.py``), libcurl's sockets, the timers of every retry, and
 one ``Handler.handle`` coroutine per message in flight all run on it. The
 supervisor calls ``deliver`` as pika hands a message over; the delivery's
-verdict goes back through ``settle`` (the supervisor's), which sends the ack
+verdict goes back through ``apply`` (the supervisor's), which sends the ack
 at once. How many deliveries are in flight is the consumers' count
 (``parallelism``), not a number of threads: the thread count of the service
 does not depend on ``parallelism``.
@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dispatcher import logs
-from dispatcher.handler import Action, Handler, Received
+from dispatcher.handler import Handler
 from dispatcher.logs import get_logger
 from dispatcher.loop import Loop
+from dispatcher.seams import Action, Received
 from dispatcher.waits import Waits
 
 log = get_logger()
@@ -30,7 +31,8 @@ log = get_logger()
 # dead-lettered with a reason) a message is given back after this pause.
 _BUG_PAUSE = 1.0
 
-Settle = Callable[[str, Received, Action], None]
+# Where a verdict goes: the binding's name, the message, what to do with it.
+Apply = Callable[[str, Received, Action], None]
 
 
 class Engine:
@@ -40,7 +42,7 @@ class Engine:
         self.lines = logs.DeliveryLines()
         self._handlers: dict[str, Handler] = {}
         self._closers: list[Callable[[], None]] = []
-        self._settle: Settle = lambda _name, _received, _action: None
+        self._apply: Apply = lambda _name, _received, _action: None
         self.loop.at_iteration_end(self.lines.flush)
 
     def add_binding(self, name: str, handler: Handler) -> None:
@@ -50,9 +52,9 @@ class Engine:
         """Run ``close`` on the loop thread as the engine stops (the HTTP client)."""
         self._closers.append(close)
 
-    def settle_with(self, settle: Settle) -> None:
+    def apply_with(self, apply: Apply) -> None:
         """Where each verdict goes (the supervisor), as it is reached."""
-        self._settle = settle
+        self._apply = apply
 
     # ----------------------------------------------------------------- any thread
 
@@ -81,7 +83,7 @@ class Engine:
             # Give the message back rather than hold its prefetch slot forever.
             action = Action.REQUEUE if await self.waits.sleep(_BUG_PAUSE) else Action.LEAVE
         finally:
-            self._settle(name, received, action)
+            self._apply(name, received, action)
 
     def _close_all(self, _arg: object) -> None:
         for close in self._closers:

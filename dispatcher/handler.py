@@ -42,7 +42,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from functools import partial
 from typing import Any, Final
 
@@ -51,58 +50,28 @@ from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim
 from dispatcher.errors import EventError
-from dispatcher.events import AmqpMessage, Event, Unreadable
+from dispatcher.events import AmqpMessage, Event
 from dispatcher.filters import Predicate
 from dispatcher.logs import get_logger
 from dispatcher.metrics import BindingMetrics
 from dispatcher.reply import Replier
 from dispatcher.requeues import RequeueCounts
 from dispatcher.retry import Backoff
-from dispatcher.seams import Dedupe, Refusal, Response, Result, Target, status_field
+from dispatcher.seams import (
+    Action,
+    ChannelState,
+    Dedupe,
+    Outcome,
+    Received,
+    Refusal,
+    Response,
+    Result,
+    Target,
+    status_field,
+)
 from dispatcher.waits import Waits
 
 log = get_logger()
-
-
-class Action(Enum):
-    ACK = "ack"
-    REQUEUE = "requeue"  # basic.nack requeue=True
-    REJECT = "reject"  # basic.reject requeue=False: the queue's dead-letter exchange, or dropped
-    LEAVE = "leave"  # settle nothing; the broker redelivers when the channel closes
-
-
-class ChannelState:
-    """Whether the channel a message arrived on is still open: set by its consumer
-    when it closes (one object per channel generation), read here before
-    anything is sent."""
-
-    __slots__ = ("open",)
-
-    def __init__(self) -> None:
-        self.open = True
-
-    def is_open(self) -> bool:
-        return self.open
-
-
-# For messages that belong to no channel of ours (tests, tools): always open.
-NO_CHANNEL = ChannelState()
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """One message as received on one channel generation."""
-
-    generation: int
-    tag: int
-    redelivered: bool
-    message: AmqpMessage
-    # Set when pika could not decode the properties: ``message`` then has the
-    # body and no properties, and the message is dead-lettered, not delivered.
-    unreadable: Unreadable | None = None
-    channel: ChannelState = NO_CHANNEL
-    # When it arrived (time.time_ns()), where a trace's span begins; 0: unknown.
-    arrived_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +79,14 @@ class _Final:
     action: Action
     # The log/metric outcome (None for LEAVE), or, for a message that writes no
     # delivery line, its span's: filtered, duplicate, requeued.
-    outcome: str | None
+    outcome: Outcome | None
     attempts: int
     status: int | None  # None: no HTTP status (timeout, transport error, our own decision)
     reason: str | None = None
 
 
 # A span's outcome when the claim decided (no delivery line is written); LEAVE: none.
-_CLAIM_OUTCOMES: Final = {Action.ACK: "duplicate", Action.REQUEUE: "requeued"}
+_CLAIM_OUTCOMES: Final = {Action.ACK: Outcome.DUPLICATE, Action.REQUEUE: Outcome.REQUEUED}
 
 
 def longest_attempt(binding: BindingSettings, subscriber: Target) -> float:
@@ -181,7 +150,7 @@ class Handler:
         try:
             final = await self._decide(received, event, problem, trace, started)
         except BaseException:
-            span.end("error", 0, None)  # a bug: the engine gives the message back
+            span.end(Outcome.ERROR, 0, None)  # a bug: the engine gives the message back
             raise
         span.end(final.outcome, final.attempts, final.status)
         return final.action
@@ -198,7 +167,7 @@ class Handler:
         line (filtered, a suppressed duplicate, a busy claim) is its span's."""
         if problem is None and self._accepts is not None and not self._accepts(event.attributes):
             self._filtered(event, received.redelivered)
-            return _Final(Action.ACK, "filtered", 0, None)
+            return _Final(Action.ACK, Outcome.FILTERED, 0, None)
         claim = await self._claim(event, received.redelivered)
         if isinstance(claim, Action):
             return _Final(claim, _CLAIM_OUTCOMES.get(claim), 0, None)
@@ -216,8 +185,8 @@ class Handler:
             return _Final(Action.LEAVE, None, 0, None)
         settled = False
         try:
-            final = await self._settle(event, problem, received, started, trace)
-            settled = final.outcome in ("delivered", "dead_lettered")
+            final = await self._conclude(event, problem, received, started, trace)
+            settled = final.outcome in (Outcome.DELIVERED, Outcome.DEAD_LETTERED)
         finally:
             if claim is not None:
                 self._dedupe.release(claim, settled)
@@ -274,7 +243,7 @@ class Handler:
             return Action.REQUEUE if await self._backed_off(0) else Action.LEAVE
         return found
 
-    async def _settle(
+    async def _conclude(
         self,
         event: Event,
         problem: str | None,
@@ -332,9 +301,9 @@ class Handler:
             # Held by the open circuit breaker as long as the broker lets a message
             # stay unacked: back to the queue, its retries unspent.
             reason = "circuit breaker open: given back to the queue unsent"
-            return _Final(Action.REQUEUE, "requeued", outcome.attempts, last.status, reason)
+            return _Final(Action.REQUEUE, Outcome.REQUEUED, outcome.attempts, last.status, reason)
         if outcome.result is Result.DELIVERED:
-            return _Final(Action.ACK, "delivered", outcome.attempts, last.status)
+            return _Final(Action.ACK, Outcome.DELIVERED, outcome.attempts, last.status)
         if refusal is None:
             failure = Failure(last.status, last.body)
         elif refusal.retry and self._waits.given_up:
@@ -378,7 +347,7 @@ class Handler:
         requeue: never ack it. ``status``: the subscriber's last, for the line."""
         dead_letterer = self._dead_letterer
         if dead_letterer.has_target and await dead_letterer.send(event, failure, trace):
-            return _Final(Action.ACK, "dead_lettered", attempts, status, failure.reason)
+            return _Final(Action.ACK, Outcome.DEAD_LETTERED, attempts, status, failure.reason)
         reason = failure.reason or "delivery failed"
         if self._waits.given_up:
             # Shutdown cut a dead-letter attempt short: that is not a failure of
@@ -387,17 +356,17 @@ class Handler:
         if not dead_letterer.has_target:
             # As Knative drops it; the queue's own dead-letter exchange may still catch it.
             reason += "; no dead-letter target"
-            return _Final(Action.REJECT, "rejected", attempts, status, reason)
+            return _Final(Action.REJECT, Outcome.REJECTED, attempts, status, reason)
         reason += "; every dead-letter target failed"
         returned = self._returns.returned(event.key)
         if not await self._backed_off(self._binding.delivery.retry + returned):
             return _Final(Action.LEAVE, None, attempts, status, reason)
-        return _Final(Action.REQUEUE, "requeued", attempts, status, reason)
+        return _Final(Action.REQUEUE, Outcome.REQUEUED, attempts, status, reason)
 
     def _filtered(self, event: Event, redelivered: bool) -> None:
         """Not for this subscriber: acked unsent, counted, and no info-level line
         (a busy binding may filter out most of its queue)."""
-        self._metrics.events["filtered"].inc()
+        self._metrics.events[Outcome.FILTERED].inc()
         self._log.debug(
             "event filtered",
             ce_id=event.id,
@@ -424,5 +393,5 @@ class Handler:
             fields["reason"] = final.reason
         # The counter moves once the line is out: whoever waits on it can rely on the line.
         # A rejected event may be gone for good (no dead-letter exchange): a warning.
-        level = "warning" if final.outcome == "rejected" else "info"
+        level = "warning" if final.outcome is Outcome.REJECTED else "info"
         self._lines.add(fields, self._metrics.events[final.outcome].inc, level)

@@ -16,10 +16,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from dispatcher.seams import LOGGED_OUTCOMES
+
 # `_created` series double the scrape size and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-OUTCOMES = ("delivered", "dead_lettered", "requeued", "rejected", "filtered")
+OUTCOMES = LOGGED_OUTCOMES
 RECONNECT_REASONS = (
     "connection_lost",
     "closed_by_broker",

@@ -54,6 +54,7 @@ from dispatcher import __version__
 from dispatcher.config import TracingSettings, redact_url
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
+from dispatcher.seams import Outcome
 from dispatcher.tracing import Peer
 
 log = get_logger()
@@ -68,7 +69,7 @@ _NO_ID: Final = frozenset({"0" * 32, "0" * 16})
 _UNSET: Final = Status(StatusCode.UNSET)
 # Outcomes that end a consumer span in error: the event did not reach its
 # subscriber, or handling it met a bug.
-_FAILED: Final = frozenset({"dead_lettered", "rejected", "error"})
+_FAILED: Final = frozenset({Outcome.DEAD_LETTERED, Outcome.REJECTED, Outcome.ERROR})
 
 Dropped = Callable[[int], None]
 # What ``_parent`` says of a parent that is not sampled, before anything is built.
@@ -290,7 +291,7 @@ class _Delivery:
 
     def end(self, outcome: str | None, attempts: int, status: int | None) -> None:
         attributes = self._attributes
-        attributes["dispatcher.outcome"] = outcome or "left"
+        attributes["dispatcher.outcome"] = str(outcome or Outcome.LEFT)
         attributes["dispatcher.attempts"] = attempts
         if status is not None:
             attributes["dispatcher.status"] = status

@@ -15,11 +15,11 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Final
+from typing import Final, Literal
 
-if TYPE_CHECKING:
-    # Only a type: config's parsers import this module's defaults.
-    from dispatcher.config import BackoffPolicy
+# How waits grow (``delivery.backoff_policy``). This module owns the policies and
+# their defaults; the configuration imports them, never the other way round.
+BackoffPolicy = Literal["exponential", "linear"]
 
 # ``delivery.retry_on`` when the config says nothing: Knative's and our table.
 DEFAULT_RETRY_ON: Final[tuple[int | str, ...]] = (404, 408, 409, 429, "5xx")

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Literal, Protocol
+from enum import Enum, StrEnum
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 if TYPE_CHECKING:
     from dispatcher.dedupe import Claim, Key
-    from dispatcher.events import Event, HttpRequestParts
+    from dispatcher.events import AmqpMessage, Event, HttpRequestParts, Unreadable
     from dispatcher.loop import Future
 
 
@@ -120,7 +120,7 @@ Accept = Callable[[Response], Awaitable[Refusal | None]]
 
 
 @dataclass(slots=True)
-class Outcome:
+class Sent:
     """How sending to a target ended: the result, the last answer, how many attempts,
     and, when the last 2xx was refused by ``accept``, why."""
 
@@ -139,7 +139,7 @@ class Target(Protocol):
         accept: Accept | None = None,
         wanted: Callable[[], bool] | None = None,
         since: float | None = None,
-    ) -> Awaitable[Outcome]:
+    ) -> Awaitable[Sent]:
         """Attempts until a 2xx that ``accept`` accepts, a failure that is not
         retried, the last retry or the deadline. A 2xx that ``accept`` refuses
         with ``retry`` is a failed attempt like a 503: the same event is sent again
@@ -200,3 +200,75 @@ class ClaimStore(Protocol):
         ...
 
     def settle(self, key: str, owner: str, settled: bool, window: float) -> None: ...
+
+
+# --------------------------------------------------------------------------
+# A message between the broker side and the core
+# --------------------------------------------------------------------------
+
+
+class Action(Enum):
+    ACK = "ack"
+    REQUEUE = "requeue"  # basic.nack requeue=True
+    REJECT = "reject"  # basic.reject requeue=False: the queue's dead-letter exchange, or dropped
+    LEAVE = "leave"  # settle nothing; the broker redelivers when the channel closes
+
+
+class ChannelState:
+    """Whether the channel a message arrived on is still open: set by its consumer
+    when it closes (one object per channel generation), read here before
+    anything is sent."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = True
+
+    def is_open(self) -> bool:
+        return self.open
+
+
+# For messages that belong to no channel of ours (tests, tools): always open.
+NO_CHANNEL = ChannelState()
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One message as received on one channel generation."""
+
+    generation: int
+    tag: int
+    redelivered: bool
+    message: AmqpMessage
+    # Set when pika could not decode the properties: ``message`` then has the
+    # body and no properties, and the message is dead-lettered, not delivered.
+    unreadable: Unreadable | None = None
+    channel: ChannelState = NO_CHANNEL
+    # When it arrived (time.time_ns()), where a trace's span begins; 0: unknown.
+    arrived_ns: int = 0
+
+
+class Outcome(StrEnum):
+    """How a message ended, as the contract names it: the ``outcome`` field of a
+    delivery log line and label of ``dispatcher_events_total`` (the first five),
+    and ``dispatcher.outcome`` of its span (all of them)."""
+
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+    REQUEUED = "requeued"
+    REJECTED = "rejected"
+    FILTERED = "filtered"
+    # Spans only: no delivery line is written for these.
+    DUPLICATE = "duplicate"  # a redelivery of an event already delivered: acked unsent
+    LEFT = "left"  # shutdown or a closed channel: left for the broker to redeliver
+    ERROR = "error"  # the handler itself failed (the message is given back)
+
+
+# The outcomes a delivery line and the events counter name.
+LOGGED_OUTCOMES: Final = (
+    Outcome.DELIVERED,
+    Outcome.DEAD_LETTERED,
+    Outcome.REQUEUED,
+    Outcome.REJECTED,
+    Outcome.FILTERED,
+)

@@ -74,7 +74,7 @@ class Service:
         endpoints = [_endpoints(index, b) for index, b in enumerate(settings.bindings)]
         # Each delivery in flight may hold a connection to each of its binding's URLs.
         connections = sum(
-            b.workers * (1 + (e.sink is not None) + (e.reply is not None))
+            b.effective_parallelism * (1 + (e.sink is not None) + (e.reply is not None))
             for b, e in zip(settings.bindings, endpoints, strict=True)
         )
         self._sockets_needed = connections + _OWN_DESCRIPTORS
@@ -113,7 +113,7 @@ class Service:
                 self.claims = RedisClaims(settings.dedupe.store, self.engine.loop, self.metrics)
             except ValueError as e:  # redis-py's reading of the URL (a bad query parameter)
                 raise ConfigError("dedupe.store", str(e)) from e
-        self.engine.settle_with(self.supervisor.settle)
+        self.engine.apply_with(self.supervisor.apply)
         try:
             self.ops = OpsServer(
                 settings.http.host,

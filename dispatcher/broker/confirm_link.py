@@ -11,7 +11,7 @@ as it likes. Every message is tracked in a ``ConfirmWindow``: a ``basic.ack``
 or ``basic.nack`` (``multiple`` or not) settles what it covers and a
 ``basic.return`` marks its message unroutable, matched by the key the owner
 gave its publish (``returned`` reads the same key, and the reason, from the
-returned message). The owner hears ``on_settled`` (each item with ``None``,
+returned message). The owner hears ``on_confirmed`` (each item with ``None``,
 accepted, or why not).
 
 Whatever was unconfirmed when the channel or the connection goes is handed
@@ -65,7 +65,7 @@ class ConfirmLink(Generic[T]):
         self,
         *,
         on_ready: Callable[[], None],
-        on_settled: Callable[[list[tuple[T, str | None]], bool], None],
+        on_confirmed: Callable[[list[tuple[T, str | None]], bool], None],
         on_lost: Callable[[list[T], str], None],
         returned: Callable[[Any, Any], tuple[Hashable, str]],
         reopen_channel: bool,
@@ -74,7 +74,7 @@ class ConfirmLink(Generic[T]):
         confirm_bound: float | None = None,
     ) -> None:
         self._on_ready = on_ready
-        self._on_settled = on_settled
+        self._on_confirmed = on_confirmed
         self._on_lost = on_lost
         # A basic.return's method and properties -> its publish's key, and the reason.
         self._returned = returned
@@ -155,7 +155,7 @@ class ConfirmLink(Generic[T]):
         properties: pika.BasicProperties,
         mandatory: bool = True,
     ) -> str | None:
-        """Send on the ready channel: None once sent (the answer comes to ``on_settled``),
+        """Send on the ready channel: None once sent (the answer comes to ``on_confirmed``),
         else why this message cannot be encoded (it fails alone; the channel is
         unharmed). Any other error means the channel broke: it is raised, and the item
         is not in the window. ``key``: what ``returned`` makes of this message."""
@@ -288,7 +288,9 @@ class ConfirmLink(Generic[T]):
         self._channel_failures = 0
         self._progress_at = time.monotonic()
         acked = isinstance(method, Basic.Ack)
-        self._on_settled(self.window.confirmed(method.delivery_tag, method.multiple, acked), acked)
+        self._on_confirmed(
+            self.window.confirmed(method.delivery_tag, method.multiple, acked), acked
+        )
 
     def _lose(self, reason: str) -> None:
         lost = self.window.lost()  # and delivery tags start again at 1 on the next channel

@@ -13,7 +13,7 @@ one (it would settle a different message). It is dropped and counted as a
 stale ack (``dispatcher_stale_acks_total``); the broker redelivers the old
 message itself.
 
-Two bounds, both kept across channel flaps. At most ``workers``
+Two bounds, both kept across channel flaps. At most ``effective_parallelism``
 (``parallelism``) deliveries run at once; at most ``held`` (``prefetch``,
 by default the same) messages are held unacked, the rest of them waiting here
 in arrival order for a slot, so a slot freed by a verdict starts the next
@@ -59,10 +59,10 @@ from dispatcher.broker.params import describe_error
 from dispatcher.config import BindingSettings
 from dispatcher.events import AmqpMessage, Unreadable
 from dispatcher.from_amqp import amqp_message
-from dispatcher.handler import Action, ChannelState, Received
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff
+from dispatcher.seams import Action, ChannelState, Received
 
 log = get_logger()
 
@@ -181,7 +181,7 @@ class Consumer:
         self.ready = True
         self._shared.on_ready()
         orphans = self._held
-        if orphans >= self.settings.held:
+        if orphans >= self.settings.effective_prefetch:
             log.warning(
                 "consumer waits for room: deliveries of a closed channel still run",
                 binding=self.name,
@@ -263,8 +263,8 @@ class Consumer:
             self._take_probe()
             return
         orphans = self._held - self._current
-        room = self.settings.held - orphans - self._prefetch
-        step = max(1, self.settings.held // 4)
+        room = self.settings.effective_prefetch - orphans - self._prefetch
+        step = max(1, self.settings.effective_prefetch // 4)
         if room < 1 or (self._prefetch and orphans and room < step):
             return
         self._take(room)
@@ -359,7 +359,7 @@ class Consumer:
         self._begin(received)
 
     def _may_start(self) -> bool:
-        if self._running >= self.settings.workers:
+        if self._running >= self.settings.effective_parallelism:
             return False
         if not self._paused():
             return True
@@ -396,10 +396,10 @@ class Consumer:
         # Whatever it was, the half-open period may want another probe now (a
         # started message that was filtered never asked the breaker).
         self._probe_started = False
-        self._settle(received, action)
+        self._release(received, action)
         self._start_waiting()
 
-    def _settle(self, received: Received, action: Action) -> None:
+    def _release(self, received: Received, action: Action) -> None:
         """``received`` is no longer held: ``action`` goes on its own channel, if
         that is still this one."""
         self._held -= 1
@@ -461,7 +461,7 @@ class Consumer:
     def _give_back_waiting(self) -> None:
         waiting, self._waiting = self._waiting, deque()
         for received in waiting:
-            self._settle(received, Action.REQUEUE)
+            self._release(received, Action.REQUEUE)
         if waiting:
             log.info(
                 "circuit open: waiting messages given back", binding=self.name, count=len(waiting)
@@ -498,7 +498,7 @@ class Consumer:
             and not self._waiting
             and not self.consumer_tags
             and not self._prefetch
-            and self._held < self.settings.held
+            and self._held < self.settings.effective_prefetch
         ):
             self._take(1)
 

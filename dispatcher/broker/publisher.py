@@ -99,7 +99,7 @@ class Publisher:
         self._closed = threading.Event()  # set once stopping and no connection is left
         self._link: ConfirmLink[_Request] = ConfirmLink(
             on_ready=self._on_ready,
-            on_settled=self._on_settled,
+            on_confirmed=self._on_confirmed,
             on_lost=self._on_lost,
             returned=_returned,
             reopen_channel=True,
@@ -274,7 +274,7 @@ class Publisher:
             return f"broker connection failed: {type(e).__name__}"
         return None if error is None else error[:300]
 
-    def _on_settled(self, settled: list[tuple[_Request, str | None]], acked: bool) -> None:
+    def _on_confirmed(self, settled: list[tuple[_Request, str | None]], acked: bool) -> None:
         if acked and not self._heard_blocked:
             self._set_blocked(False)  # read and confirmed with no alarm said: not blocked
         for request, error in settled:

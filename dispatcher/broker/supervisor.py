@@ -12,7 +12,7 @@ only when a whole round of nodes failed. The node connected to is logged
 It runs on the engine loop, as every delivery does (pika through
 ``pika_loop.LoopConnection``): a message goes from pika's frame to its delivery's
 coroutine by a call (``deliver``), and the delivery's verdict comes back the
-same way (``settle``), so an ack is on the wire in the iteration that decided
+same way (``apply``), so an ack is on the wire in the iteration that decided
 it. The supervisor is not a thread but a set of callbacks on that loop: the
 connection's close callback schedules the next connect, as Knative's
 dispatcher has a goroutine watching its connection's close notification.
@@ -48,10 +48,10 @@ from dispatcher.broker.params import (
 )
 from dispatcher.broker.pika_loop import LoopConnection, close_within
 from dispatcher.config import BindingSettings, BrokerSettings
-from dispatcher.handler import Action, Received
 from dispatcher.logs import get_logger
 from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
+from dispatcher.seams import Action, Received
 
 log = get_logger()
 
@@ -252,7 +252,7 @@ class Supervisor:
 
     # ----------------------------------------------------------------- verdicts and shutdown
 
-    def settle(self, binding: str, received: Received, action: Action) -> None:
+    def apply(self, binding: str, received: Received, action: Action) -> None:
         """A delivery's verdict (``LEAVE`` included: each one frees its slot)."""
         consumer = self._bindings[binding]
         consumer.apply(received, action)

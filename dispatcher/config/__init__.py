@@ -57,7 +57,6 @@ from dispatcher.config.settings import (
     UNACKED_MAX,
     AttributesFilter,
     AuthSettings,
-    BackoffPolicy,
     BatchSettings,
     BindingSettings,
     BrokerSettings,
@@ -87,6 +86,7 @@ from dispatcher.config.sources import (
     settings_from_dict,
 )
 from dispatcher.config.urls import http_url_problem, split_nodes
+from dispatcher.retry import BackoffPolicy
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",

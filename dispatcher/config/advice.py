@@ -62,12 +62,13 @@ def _rate_too_low(binding: BindingSettings, key: str) -> Iterator[Advice]:
     ``prefetch`` waits ``prefetch / rate_limit``, and the broker closes the channel
     of a message unacked past its consumer_timeout (30 min by default)."""
     rate = binding.delivery.rate_limit
-    if rate is None or binding.held / rate < UNACKED_MAX:
+    held = binding.effective_prefetch
+    if rate is None or held / rate < UNACKED_MAX:
         return
     yield Advice(
         f"{key}.delivery.rate_limit",
-        f"binding {binding.name!r}: {binding.held} messages held at {rate:g} requests/s "
-        f"wait up to {_seconds(binding.held / rate)} for their turn, unacked; the broker "
+        f"binding {binding.name!r}: {held} messages held at {rate:g} requests/s "
+        f"wait up to {_seconds(held / rate)} for their turn, unacked; the broker "
         "closes a channel whose message stays unacked past its consumer_timeout (30 min "
         "by default): lower prefetch and parallelism, or raise the limit",
     )

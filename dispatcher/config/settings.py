@@ -40,11 +40,10 @@ from dispatcher.config.validation import (
     url_list,
 )
 from dispatcher.config.validation import url as url_of
-from dispatcher.retry import DEFAULT_RETRY_ON
+from dispatcher.retry import DEFAULT_RETRY_ON, BackoffPolicy
 
 # The closed sets: the words a key accepts, in the order messages list them.
 ContentMode = Literal["binary", "structured"]
-BackoffPolicy = Literal["exponential", "linear"]
 NonCloudEvent = Literal["wrap", "dead_letter"]
 QueueType = Literal["classic", "quorum"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -460,14 +459,14 @@ class BindingSettings(Section):
     )
 
     @property
-    def workers(self) -> int:
+    def effective_parallelism(self) -> int:
         """Deliveries in flight at once (requests to the subscriber and what follows
-        them until the verdict)."""
+        them until the verdict): ``parallelism``, or 1 when ``ordered``."""
         return 1 if self.ordered else self.parallelism
 
     @property
-    def held(self) -> int:
-        """Messages this binding holds unacked: the ``workers`` running and those
+    def effective_prefetch(self) -> int:
+        """Messages this binding holds unacked: the ``effective_parallelism`` running and those
         waiting for a slot. The consumers' prefetch, so the broker never sends more
         and memory stays bounded."""
         return 1 if self.ordered else (self.prefetch or self.parallelism)

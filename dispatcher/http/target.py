@@ -38,7 +38,7 @@ from dispatcher.http.client import HttpClient, Reading, request_headers
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.rate_limit import RateLimit
 from dispatcher.retry import Backoff, Decision, classify, retried_statuses
-from dispatcher.seams import Accept, Outcome, Refusal, Response, Result
+from dispatcher.seams import Accept, Refusal, Response, Result, Sent
 from dispatcher.waits import Waits
 
 # What an error-response body contributes to a dead letter is at most 1024
@@ -98,7 +98,7 @@ class HttpTarget:
         accept: Accept | None = None,
         wanted: Callable[[], bool] | None = None,
         since: float | None = None,
-    ) -> Outcome:
+    ) -> Sent:
         # Built once: every attempt sends the same, but for a bearer token that
         # may have rotated in between. The binding's own headers last.
         headers = request_headers(request.headers)
@@ -116,7 +116,7 @@ class HttpTarget:
                 waited_from = waits.time()
                 admitted = await self._admit(started if since is None else since, wanted)
                 if not isinstance(admitted, Pass):
-                    return Outcome(admitted, response, made)
+                    return Sent(admitted, response, made)
                 now = waits.time()
                 if now > waited_from:
                     # Time spent waiting is not the delivery's, and the attempt
@@ -145,13 +145,13 @@ class HttpTarget:
                 if refusal is not None:
                     decision = Decision.RETRY if refusal.retry else Decision.FAIL
             if decision is Decision.SUCCESS:
-                return Outcome(Result.DELIVERED, response, made)
+                return Sent(Result.DELIVERED, response, made)
             wait = self._retry_wait(decision, number, response, refusal, deadline)
             if wait is None:
-                return Outcome(Result.FAILED, response, made, refusal)
+                return Sent(Result.FAILED, response, made, refusal)
             tracing.note("retry wait", {"seconds": round(wait, 6), "attempt": made})
             if not await waits.sleep(wait):
-                return Outcome(Result.ABANDONED, response, made, refusal)
+                return Sent(Result.ABANDONED, response, made, refusal)
 
     async def _admit(self, since: float, wanted: Callable[[], bool] | None) -> Pass | Result:
         """Leave from the breaker, then a slot from the rate limit; or why not. After

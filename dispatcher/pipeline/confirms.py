@@ -108,7 +108,7 @@ class ConfirmedPublisher:
         self._resend: deque[Outgoing] = deque()
         self._link: ConfirmLink[Outgoing] = ConfirmLink(
             on_ready=self._pump,
-            on_settled=self._on_settled,
+            on_confirmed=self._on_confirmed,
             on_lost=self._requeue,
             returned=_returned,
             reopen_channel=False,
@@ -233,7 +233,7 @@ class ConfirmedPublisher:
             self._exhausted = True
         return record
 
-    def _on_settled(self, settled: list[tuple[Outgoing, str | None]], _acked: bool) -> None:
+    def _on_confirmed(self, settled: list[tuple[Outgoing, str | None]], _acked: bool) -> None:
         for record, error in settled:
             if error is None:
                 self.result.published += 1

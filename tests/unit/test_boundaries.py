@@ -134,3 +134,27 @@ def test_a_side_does_not_reach_the_other_or_the_wiring(side: str) -> None:
         reached = reachable(module)
         assert not any(_within(n, (other,)) for n in reached), module
         assert not reached & WIRING, module
+
+
+# The modules that decide a message's fate; what they exchange with the broker
+# side (Received, Action, ChannelState) lives in ``dispatcher.seams``.
+DECIDING = {
+    "dispatcher.handler",
+    "dispatcher.engine",
+    "dispatcher.deadletter",
+    "dispatcher.reply",
+    "dispatcher.dedupe",
+    "dispatcher.requeues",
+}
+
+
+@pytest.mark.parametrize("module", sorted(n for n in MODULES if _within(n, ("dispatcher.broker",))))
+def test_the_broker_side_imports_what_crosses_from_the_seams_not_from_the_core(
+    module: str,
+) -> None:
+    imported = {_resolve(n) for n in direct_imports(module) if n.startswith("dispatcher")}
+    assert not imported & DECIDING, f"{module} imports {sorted(imported & DECIDING)}"
+
+
+def test_configuration_and_retry_do_not_import_each_other() -> None:
+    assert not any(_within(n, ("dispatcher.config",)) for n in reachable("dispatcher.retry"))

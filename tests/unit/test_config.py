@@ -998,7 +998,7 @@ def test_prefetch_is_what_is_held_and_parallelism_what_runs(
     keys: dict[str, object], workers: int, held: int
 ) -> None:
     [b] = build(bindings=[binding(**keys)]).bindings
-    assert (b.workers, b.held) == (workers, held)
+    assert (b.effective_parallelism, b.effective_prefetch) == (workers, held)
 
 
 @pytest.mark.parametrize(

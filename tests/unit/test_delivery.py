@@ -19,7 +19,7 @@ from dispatcher.http.client import HttpClient
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.http.target import ERROR_BODY_LIMIT, HttpTarget
 from dispatcher.loop import Loop
-from dispatcher.seams import Accept, Outcome, Refusal, Response, Result
+from dispatcher.seams import Accept, Refusal, Response, Result, Sent
 from dispatcher.waits import Waits
 from tests.support.subscriber import Reply
 
@@ -34,7 +34,7 @@ class Engine:
 
     def send(
         self, target: HttpTarget, request: HttpRequestParts = REQUEST, accept: Accept | None = None
-    ) -> Outcome:
+    ) -> Sent:
         return self.loop.run_until_complete(target.send(request, accept))
 
 
@@ -332,7 +332,7 @@ def test_a_delivery_whose_channel_went_while_held_is_abandoned_unsent(client, ma
     breaker = quick_breaker(client)
     wanted = [True]
 
-    async def deliver() -> Outcome:
+    async def deliver() -> Sent:
         t = breaker_target(client, sub.url, breaker)
         return await t.send(REQUEST, None, lambda: wanted[0])
 

@@ -12,12 +12,13 @@ from dispatcher.config import settings_from_dict
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import Claim
 from dispatcher.events import AmqpMessage
-from dispatcher.handler import Action, Handler, Received
+from dispatcher.handler import Handler
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.http.target import HttpTarget
 from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
 from dispatcher.reply import Replier
+from dispatcher.seams import Action, Received
 from dispatcher.waits import Waits
 
 EVENT_HEADERS = {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/s", "ce-type": "t"}

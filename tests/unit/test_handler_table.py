@@ -40,11 +40,11 @@ from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import Claim, Key, MemoryDedupe
 from dispatcher.events import AmqpMessage, Event, HttpRequestParts, Unreadable
 from dispatcher.filters import compile_filter
-from dispatcher.handler import Action, ChannelState, Handler, Received
+from dispatcher.handler import Handler
 from dispatcher.loop import Future, Loop
 from dispatcher.metrics import OUTCOMES, Metrics
 from dispatcher.reply import Replier
-from dispatcher.seams import Accept, Found, Outcome, Response, Result
+from dispatcher.seams import Accept, Action, ChannelState, Found, Received, Response, Result, Sent
 from dispatcher.waits import Waits
 
 # ----------------------------------------------------------------------------- fakes
@@ -55,10 +55,10 @@ class ShutdownDuring:
     """Shutdown (``Waits.give_up``) comes while this send is in flight; it then ends as
     ``outcome`` (a real target whose retry wait is cut short answers ABANDONED)."""
 
-    outcome: Outcome
+    outcome: Sent
 
 
-Step = Outcome | ShutdownDuring | Exception
+Step = Sent | ShutdownDuring | Exception
 
 
 class FakeTarget:
@@ -88,27 +88,27 @@ class FakeTarget:
         accept: Accept | None = None,
         wanted: Callable[[], bool] | None = None,
         since: float | None = None,
-    ) -> Outcome:
+    ) -> Sent:
         attempts = 0
         while True:
             outcome = await self._attempt(request)
             attempts += outcome.attempts
             if outcome.result is not Result.DELIVERED or accept is None:
-                return Outcome(outcome.result, outcome.last, attempts)
+                return Sent(outcome.result, outcome.last, attempts)
             refusal = await accept(outcome.last)
             if refusal is None:
-                return Outcome(Result.DELIVERED, outcome.last, attempts)
+                return Sent(Result.DELIVERED, outcome.last, attempts)
             if not (refusal.retry and self._script):
-                return Outcome(Result.FAILED, outcome.last, attempts, refusal)
+                return Sent(Result.FAILED, outcome.last, attempts, refusal)
 
-    async def _attempt(self, request: HttpRequestParts) -> Outcome:
+    async def _attempt(self, request: HttpRequestParts) -> Sent:
         self.requests.append(request)
         if not self._script:  # the row's request counts say so; no exception into the Handler
-            return Outcome(Result.FAILED, Response(None, error=f"{self.name}: unscripted"), 1)
+            return Sent(Result.FAILED, Response(None, error=f"{self.name}: unscripted"), 1)
         step = self._script.pop(0)
         if isinstance(step, Exception):
             raise step
-        answer: Future[Outcome] = self._loop.create_future()
+        answer: Future[Sent] = self._loop.create_future()
         if isinstance(step, ShutdownDuring):
             self._loop.call_soon(self._waits.give_up)
             step = step.outcome
@@ -246,21 +246,21 @@ REPLY_NO_ID = [line for line in REPLY_HEAD if not line.startswith(b"ce-id")]
 REPLY_OLD_SPEC = [b"ce-specversion: 0.3" if b"specversion" in h else h for h in REPLY_HEAD]
 
 
-def ok(status: int = 200, head: list[bytes] | None = None, truncated: bool = False) -> Outcome:
+def ok(status: int = 200, head: list[bytes] | None = None, truncated: bool = False) -> Sent:
     body = b'{"r":1}' if head else b"thanks"
-    return Outcome(Result.DELIVERED, Response(status, body, head, truncated=truncated), 1)
+    return Sent(Result.DELIVERED, Response(status, body, head, truncated=truncated), 1)
 
 
-def failed(status: int, attempts: int = 1) -> Outcome:
-    return Outcome(Result.FAILED, Response(status, b"no thanks"), attempts)
+def failed(status: int, attempts: int = 1) -> Sent:
+    return Sent(Result.FAILED, Response(status, b"no thanks"), attempts)
 
 
-def no_answer(attempts: int = RETRY + 1) -> Outcome:
-    return Outcome(Result.FAILED, Response(None, error="connection refused"), attempts)
+def no_answer(attempts: int = RETRY + 1) -> Sent:
+    return Sent(Result.FAILED, Response(None, error="connection refused"), attempts)
 
 
-def abandoned(attempts: int = 2) -> Outcome:
-    return Outcome(Result.ABANDONED, Response(503, b"busy"), attempts)
+def abandoned(attempts: int = 2) -> Sent:
+    return Sent(Result.ABANDONED, Response(503, b"busy"), attempts)
 
 
 def config(*parts: dict[str, Any]) -> dict[str, Any]:
@@ -549,7 +549,7 @@ ROWS = [
     ),
     Row(
         "held-in-an-open-breaker-too-long-requeued-not-dead-lettered",
-        subscriber=(Outcome(Result.RETURNED, Response(503, b"down"), 2),),
+        subscriber=(Sent(Result.RETURNED, Response(503, b"down"), 2),),
         binding=config(SINK_AND_EXCHANGE),
         action=Action.REQUEUE,
         outcome="requeued",
