@@ -3,9 +3,13 @@
 The core, flat modules that decide what happens to a message and never import
 pika, libcurl or redis (``tests/unit/test_boundaries.py`` holds them to it):
 
-- ``events``      the ``Event`` and its validation, the JSON event format.
-- ``from_amqp``   where a message becomes a CloudEvent (or a wrapped stand-in).
-- ``http_form``   an event as an HTTP request, and a reply read from a response.
+- ``events``      the ``Event`` and its validation; the CloudEvents specification's
+                  other parts each have a module named after them:
+- ``amqp_binding``  the AMQP protocol binding: where a message becomes a CloudEvent
+                  (or a wrapped stand-in), and the headers an event is published with.
+- ``http_binding``  the HTTP protocol binding: an event as an HTTP request, a reply
+                  read from a response.
+- ``json_format``   the JSON event format, both ways (structured mode, archive lines).
 - ``handler``     one message from receipt to its ``Action``: **where acks are decided**.
 - ``retry``       which answers are retried and how long to wait.
 - ``dedupe``      duplicate suppression of redeliveries (memory, then the shared store).

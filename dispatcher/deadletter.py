@@ -15,7 +15,7 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dispatcher import http_form, tracing
+from dispatcher import http_binding, tracing
 from dispatcher.config import ContentMode, DeadLetterSettings, redact_url
 from dispatcher.events import Event
 from dispatcher.logs import get_logger
@@ -94,7 +94,7 @@ class DeadLetterer:
         return accepted
 
     async def _to_sink(self, sink: Target, letter: Event, trace: Mapping[str, str]) -> bool:
-        outcome = await sink.send(http_form.to_http(letter, self._mode, trace))
+        outcome = await sink.send(http_binding.to_http(letter, self._mode, trace))
         if outcome.result is Result.DELIVERED:
             return True
         if outcome.result is Result.ABANDONED:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from dispatcher import from_amqp, http_form, logs, tracing
+from dispatcher import amqp_binding, http_binding, logs, tracing
 from dispatcher.config import BindingSettings
 from dispatcher.deadletter import DeadLetterer, Failure
 from dispatcher.dedupe import Claim
@@ -137,7 +137,7 @@ class Handler:
         if received.unreadable is None:
             event, problem = self._read(received.message)
         else:
-            event, problem = from_amqp.wrap_unreadable(
+            event, problem = amqp_binding.wrap_unreadable(
                 received.message, self._vhost, self._binding.queue, received.unreadable
             )
         try:
@@ -203,7 +203,7 @@ class Handler:
         subscriber, replies and dead letters; with one, none do: each attempt and
         publish sends its own span's context. The span is the current one of this
         delivery's task from here on, and in every log line about it."""
-        trace = http_form.trace_headers(received.message.headers)
+        trace = http_binding.trace_headers(received.message.headers)
         if self._tracer is None:
             return trace, None
         span = self._tracer.begin(
@@ -278,7 +278,7 @@ class Handler:
             )
             return self._wrapped(message), problem
         try:
-            return from_amqp.read(
+            return amqp_binding.read(
                 message, self._vhost, self._binding.queue, self._binding.non_cloudevent
             )
         except Exception as e:  # a mapping bug must not loop the message forever
@@ -286,12 +286,12 @@ class Handler:
             return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"
 
     def _wrapped(self, message: AmqpMessage) -> Event:
-        return from_amqp.wrap(message, self._vhost, self._binding.queue)
+        return amqp_binding.wrap(message, self._vhost, self._binding.queue)
 
     async def _deliver(
         self, event: Event, trace: Mapping[str, str], channel: ChannelState, started: float
     ) -> _Final:
-        request = http_form.to_http(event, self._binding.content_mode, trace)
+        request = http_binding.to_http(event, self._binding.content_mode, trace)
         accept = partial(self._forward_reply, trace) if self._replier.enabled else None
         outcome = await self._subscriber.send(request, accept, channel.is_open, started)
         last, refusal = outcome.last, outcome.refusal
@@ -319,14 +319,14 @@ class Handler:
         if last.status == 202:
             return None  # accepted for later: never a reply (Knative's data plane)
         headers = last.headers
-        if not http_form.is_http_cloudevent(headers):
+        if not http_binding.is_http_cloudevent(headers):
             return None  # a plain answer, however large, is just an answer
         if last.truncated:
             limit = self._binding.max_body_size
             reason = f"invalid reply: larger than max_body_size {limit}"
             return Refusal(reason, retry=False, status=last.status, body=last.body)
         try:
-            reply = http_form.from_http_response(headers, last.body)
+            reply = http_binding.from_http_response(headers, last.body)
         except EventError as e:
             # Bad input from the subscriber: another attempt would not fix it.
             reason = f"invalid reply: {e.reason}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dispatcher import http_form, tracing
+from dispatcher import http_binding, tracing
 from dispatcher.config import ContentMode, ReplySettings
 from dispatcher.events import Event
 from dispatcher.seams import ConfirmingPublisher, Refusal, Result, Target, status_field
@@ -40,7 +40,7 @@ class Replier:
         """Forward the reply with the original message's trace headers; ``None`` when
         accepted (or nowhere to go), else why not."""
         if self._target is not None:
-            outcome = await self._target.send(http_form.to_http(reply, self._mode, trace))
+            outcome = await self._target.send(http_binding.to_http(reply, self._mode, trace))
             if outcome.result is Result.DELIVERED:
                 return None
             last = outcome.last

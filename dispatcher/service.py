@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from dispatcher import http_form, logs
+from dispatcher import http_binding, logs
 from dispatcher.bearer import BearerToken
 from dispatcher.breaker import CircuitBreaker, reported
 from dispatcher.broker.params import virtual_host
@@ -175,7 +175,7 @@ class Service:
         # protect the subscriber: the dead-letter sink and reply URL are not it.
         subscriber = target(
             urls.subscriber,
-            own_headers=http_form.SUBSCRIBER_HEADERS,
+            own_headers=http_binding.SUBSCRIBER_HEADERS,
             observe=metrics.observe_attempt,
             read_reply=replier.enabled,
             breaker=breaker,

@@ -53,12 +53,12 @@ from typing import Any, Literal
 
 import pika.exceptions
 
+from dispatcher.amqp_binding import amqp_message
 from dispatcher.breaker import CircuitBreaker, CircuitState
 from dispatcher.broker import amqp_properties
 from dispatcher.broker.params import describe_error
 from dispatcher.config import BindingSettings
 from dispatcher.events import AmqpMessage, Unreadable
-from dispatcher.from_amqp import amqp_message
 from dispatcher.logs import get_logger
 from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff

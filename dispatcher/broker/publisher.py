@@ -48,7 +48,7 @@ from typing import Any, Final
 
 import pika
 
-from dispatcher import events
+from dispatcher import amqp_binding
 from dispatcher.broker.confirm_link import ConfirmLink
 from dispatcher.broker.params import Node, Rotation, nodes, reconnect_backoff
 from dispatcher.broker.pika_loop import close_within
@@ -160,7 +160,7 @@ class Publisher:
         """``event`` in the binary ``ce-`` header form this dispatcher reads, with the
         W3C trace headers of the message it came from."""
         headers: dict[str, Any]
-        headers, content_type = events.to_amqp_headers(event)
+        headers, content_type = amqp_binding.to_amqp_headers(event)
         if trace:
             headers.update(trace)
         return self.publish(

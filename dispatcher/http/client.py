@@ -179,7 +179,7 @@ def _set_tls(curl: pycurl.Curl, tls: TlsSettings) -> None:
 
 
 def request_headers(headers: Mapping[str, str]) -> list[str]:
-    """curl's header list for a request (names lower-case, as ``http_form.to_http`` writes
+    """curl's header list for a request (names lower-case, as ``http_binding.to_http`` writes
     them): ours, and none that curl would add on its own."""
     lines = [f"{name}: {value}" for name, value in headers.items()]
     if "content-type" not in headers:

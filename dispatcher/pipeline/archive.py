@@ -57,7 +57,7 @@ from typing import Any, Final
 import pika
 import pika.exceptions
 
-from dispatcher import from_amqp, logs
+from dispatcher import amqp_binding, logs
 from dispatcher.broker import amqp_properties
 from dispatcher.broker.params import connect_blocking, nodes, redacted_urls, virtual_host
 from dispatcher.config import BrokerSettings
@@ -93,13 +93,13 @@ def read_event(
     raised. ``unreadable``: pika could not decode the properties (``amqp_properties``):
     the body is wrapped as the service dead-letters such a message."""
     if unreadable is not None:
-        return with_reason(*from_amqp.wrap_unreadable(message, vhost, queue, unreadable))
+        return with_reason(*amqp_binding.wrap_unreadable(message, vhost, queue, unreadable))
     try:
-        event, problem = from_amqp.read(message, vhost, queue)
+        event, problem = amqp_binding.read(message, vhost, queue)
     except Exception as e:  # a mapping bug must not stop the drain or drop the message
         log.exception("internal error while reading a message")
         event, problem = (
-            from_amqp.wrap(message, vhost, queue),
+            amqp_binding.wrap(message, vhost, queue),
             f"internal error: {type(e).__name__}: {e}",
         )
     return event if problem is None else with_reason(event, problem)
@@ -119,7 +119,7 @@ def to_record(
     except Exception as e:  # same: archive the raw message rather than stop
         log.exception("internal error while formatting an event")
         event = with_reason(
-            from_amqp.wrap(message, vhost, queue), f"internal error: {type(e).__name__}: {e}"
+            amqp_binding.wrap(message, vhost, queue), f"internal error: {type(e).__name__}: {e}"
         )
         line = records.to_line(event, archived_at)
     return records.partition_date(event, archived_at), line
@@ -283,7 +283,7 @@ class _Run:
         )
 
     def _record(self, properties: Any, body: bytes) -> tuple[str, bytes]:
-        message = from_amqp.amqp_message(body, properties)
+        message = amqp_binding.amqp_message(body, properties)
         return to_record(
             message, self.vhost, self.queue, self.now(), amqp_properties.unreadable(properties)
         )

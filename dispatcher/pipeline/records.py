@@ -2,7 +2,7 @@
 
 ``archive`` writes ``OUT/date=YYYY-MM-DD/part-….jsonl``; ``replay`` reads every
 ``*.jsonl`` and ``*.jsonl.gz`` below a folder. Each line is the event in the
-JSON event format (data spliced in byte for byte, see ``events.to_json``) plus
+JSON event format (data spliced in byte for byte, see ``json_format.to_json``) plus
 one extension, ``dispatcherarchived``: the instant the archiver received it.
 The instant of an event, which decides its date folder and the replay's
 ``--since``/``--until``, is its ``time`` attribute, else ``dispatcherarchived``:
@@ -19,7 +19,7 @@ from typing import Final
 
 from dateutil.parser import isoparse
 
-from dispatcher import events
+from dispatcher import events, json_format
 from dispatcher.errors import EventError
 from dispatcher.events import Event
 
@@ -33,10 +33,10 @@ def to_line(event: Event, archived_at: dt.datetime) -> bytes:
 
 def line(event: Event) -> bytes:
     """``event`` as one archive line (no newline), its attributes as they are."""
-    text = events.to_json(event)
+    text = json_format.to_json(event)
     if b"\n" not in text and b"\r" not in text:
         return text
-    # ``events.to_json`` splices JSON data in byte for byte, so a pretty-printed
+    # ``json_format.to_json`` splices JSON data in byte for byte, so a pretty-printed
     # payload brings its line breaks along and would split the record (attribute
     # values cannot: JSON escapes them). Such data goes as ``data_base64``,
     # which the JSON event format allows for any data: one line, exact bytes.
@@ -47,12 +47,12 @@ def line(event: Event) -> bytes:
 def from_line(line: str | bytes) -> Event:
     """Parse and validate one archive line; ``EventError`` says what is wrong with it."""
     try:
-        document = events.strict_json(line)
+        document = json_format.strict_json(line)
     except ValueError as e:
         raise EventError(f"not JSON: {e}") from e
     if not isinstance(document, dict):
         raise EventError("not a JSON object")
-    return events.from_json_document(document, line)
+    return json_format.from_json_document(document, line)
 
 
 def instant(event: Event) -> dt.datetime | None:

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from dispatcher import events
+from dispatcher import amqp_binding
 from dispatcher.broker.params import connect_blocking, nodes, redacted_urls
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed, BatchInputError, EventError
@@ -257,7 +257,7 @@ def parse_lines(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
             continue
         when = records.instant(event)
         replayed = records.for_replay(event)
-        headers, content_type = events.to_amqp_headers(replayed)
+        headers, content_type = amqp_binding.to_amqp_headers(replayed)
         yield (
             event.source,
             event.id,

@@ -32,7 +32,7 @@ import pika
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dispatcher import events  # noqa: E402
+from dispatcher import amqp_binding  # noqa: E402
 from dispatcher.events import Event  # noqa: E402
 from dispatcher.pipeline import records  # noqa: E402
 from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing  # noqa: E402
@@ -147,7 +147,7 @@ def bench_replay(folder: Path, archive: Path, count: int) -> dict[str, float]:
 def outgoing(made: list[Event]) -> list[Outgoing]:
     result = []
     for event in made:
-        headers, content_type = events.to_amqp_headers(event)
+        headers, content_type = amqp_binding.to_amqp_headers(event)
         result.append(Outgoing(event.key, event.data or b"", headers, content_type))
     return result
 

@@ -20,7 +20,7 @@ import pika
 import pytest
 import yaml
 
-from dispatcher import events, from_amqp
+from dispatcher import amqp_binding, events
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed
 from dispatcher.events import AmqpMessage, Event
@@ -184,7 +184,7 @@ def test_every_kind_of_message_is_archived_in_its_date_folder_and_acked(queue, t
     publish(queue, b"no id", None, "text/plain")
     no_source = {k: v for k, v in ce.items() if k != "ce-source"}
     publish(queue, b"bad", {**no_source, "ce-id": "x"}, "text/plain", "bad-1")
-    digest = from_amqp.stable_digest(AmqpMessage(b"no id", {}, "text/plain"), queue)
+    digest = amqp_binding.stable_digest(AmqpMessage(b"no id", {}, "text/plain"), queue)
     before = utc_today()
 
     result = run_archive(queue, tmp_path, idle_exit=1.0)
@@ -206,7 +206,7 @@ def test_every_kind_of_message_is_archived_in_its_date_folder_and_acked(queue, t
     assert data["plain-1"] == b"hello" and data[digest] == b"no id" and data["bad-1"] == b"bad"
     for wrapped in ("plain-1", digest, "bad-1"):
         event = archived[wrapped][1]
-        assert event.type == from_amqp.WRAPPED_TYPE
+        assert event.type == amqp_binding.WRAPPED_TYPE
         assert event.source == f"rabbitmq://%2F/{queue}"
     bad = archived["bad-1"][1].attributes
     assert bad["dispatchererror"] == "malformed CloudEvent: missing required attribute(s): source"
@@ -438,7 +438,7 @@ def test_a_message_pika_cannot_decode_is_archived_with_the_reason(queue, tmp_pat
     # The id the service gives the same message (its dead letter and log line):
     # it digests the property bytes, so two hostile messages with one body differ.
     unreadable = events.Unreadable("ValueError", hostile)
-    expected, _ = from_amqp.wrap_unreadable(
+    expected, _ = amqp_binding.wrap_unreadable(
         AmqpMessage(b"hostile body", {}), "/", queue, unreadable
     )
     assert archived.id == expected.id

@@ -176,7 +176,7 @@ def test_publisher_keeps_one_connection_across_channel_errors(make_subscriber, r
 def test_an_internal_error_dead_letters_instead_of_looping(
     make_subscriber, run_service, monkeypatch
 ):
-    from dispatcher import http_form
+    from dispatcher import http_binding
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("boom")
@@ -185,7 +185,7 @@ def test_an_internal_error_dead_letters_instead_of_looping(
     sink = make_subscriber()
     svc = run_service(sub.url, dead_letter={"sink": sink.url})
     # trace_headers is the first step once the event is read.
-    monkeypatch.setattr(http_form, "trace_headers", broken)
+    monkeypatch.setattr(http_binding, "trace_headers", broken)
     publish(svc.queue, headers=event_headers("bug-1"))
     svc.wait_events("dead_lettered", 1)
     assert sub.requests == []

@@ -304,9 +304,9 @@ def test_log_format_console_and_level(queue, make_subscriber, processes, tmp_pat
 
 
 def test_delivery_context_does_not_leak_between_tasks(make_subscriber, run_service, capsys):
-    from dispatcher import http_form
+    from dispatcher import http_binding
 
-    original = http_form.trace_headers
+    original = http_binding.trace_headers
     calls = []
 
     def leaky(headers):
@@ -317,14 +317,14 @@ def test_delivery_context_does_not_leak_between_tasks(make_subscriber, run_servi
 
     sub = make_subscriber()
     svc = run_service(sub.url, parallelism=1)
-    http_form.trace_headers = leaky
+    http_binding.trace_headers = leaky
     try:
         publish(svc.queue, headers=event_headers("leak-1"))
         svc.wait_events("delivered", 1)
         publish(svc.queue, headers=event_headers("leak-2"))
         svc.wait_events("delivered", 2)
     finally:
-        http_form.trace_headers = original
+        http_binding.trace_headers = original
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     second = next(
         line for line in lines if line.get("event") == "delivery" and line["ce_id"] == "leak-2"

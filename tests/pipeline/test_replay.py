@@ -13,7 +13,7 @@ from typing import Any
 import pika
 import pytest
 
-from dispatcher import cli, events, from_amqp
+from dispatcher import amqp_binding, cli, events
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.pipeline import records
 from tests.support import broker
@@ -83,7 +83,7 @@ def target() -> Iterator[tuple[str, str]]:
 def received(queue: str) -> list[tuple[Event, Any]]:
     """Every message in the queue read back as the service reads it, with its properties."""
     return [
-        (from_amqp.from_amqp(AmqpMessage(body, p.headers or {}, p.content_type)), p)
+        (amqp_binding.from_amqp(AmqpMessage(body, p.headers or {}, p.content_type)), p)
         for p, body in broker.get_all(queue)
     ]
 

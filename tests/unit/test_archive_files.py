@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import events, from_amqp
+from dispatcher import amqp_binding, events
 from dispatcher.errors import BatchFailed, BatchInputError
 from dispatcher.events import AmqpMessage
 from dispatcher.pipeline import archive, archive_files, records
@@ -172,7 +172,7 @@ def test_a_malformed_cloudevent_is_wrapped_with_a_printable_bounded_reason():
     reason = event.attributes["dispatchererror"]
     assert reason.startswith("malformed CloudEvent: unsupported specversion '999")
     assert len(reason) == 512 and reason.isprintable()
-    assert event.id == "msg-1" and event.type == from_amqp.WRAPPED_TYPE
+    assert event.id == "msg-1" and event.type == amqp_binding.WRAPPED_TYPE
     assert event.source == "rabbitmq://%2F/dlq" and event.data == b"body"
 
 
@@ -181,7 +181,7 @@ def test_a_non_cloudevent_is_wrapped_with_the_services_stable_id():
 
     _, event, _ = record(message)
 
-    assert event.id == from_amqp.stable_digest(message, "dlq")
+    assert event.id == amqp_binding.stable_digest(message, "dlq")
     assert "dispatchererror" not in event.attributes
     assert event.data == b"\xff\x00raw"
 
@@ -190,7 +190,7 @@ def test_an_internal_error_while_reading_still_archives_the_message(monkeypatch)
     def boom(message: AmqpMessage) -> events.Event:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(from_amqp, "from_amqp", boom)
+    monkeypatch.setattr(amqp_binding, "from_amqp", boom)
 
     _, event, _ = record(AmqpMessage(b"body", {}, "text/plain", "m"))
 

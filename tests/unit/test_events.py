@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dispatcher import events, from_amqp, http_form
+from dispatcher import amqp_binding, events, http_binding, json_format
 from dispatcher.errors import EventError, NotACloudEvent
 from dispatcher.events import AmqpMessage, Event
 
@@ -24,7 +24,7 @@ def binary(prefix: str, extra: dict[str, object] | None = None, **kw: object) ->
 
 @pytest.mark.parametrize("prefix", ["ce-", "cloudEvents_", "cloudEvents:", "", "CE-"])
 def test_every_binary_header_form_is_read(prefix):
-    event = from_amqp.from_amqp(binary(prefix, content_type="text/plain"))
+    event = amqp_binding.from_amqp(binary(prefix, content_type="text/plain"))
     assert dict(event.attributes) == {**REQUIRED, "datacontenttype": "text/plain"}
     assert event.data == b"data"
 
@@ -34,7 +34,7 @@ def test_bare_form_takes_extensions_but_not_broker_headers():
     message = AmqpMessage(
         message.body, {**message.headers, "x-death": [{"count": 1}], "x-delivery-count": 3}
     )
-    event = from_amqp.from_amqp(message)
+    event = amqp_binding.from_amqp(message)
     assert event.attributes["myext"] == "v"
     assert "x-death" not in event.attributes
 
@@ -42,7 +42,7 @@ def test_bare_form_takes_extensions_but_not_broker_headers():
 def test_prefixed_form_ignores_other_headers():
     message = binary("ce-")
     message = AmqpMessage(message.body, {**message.headers, "id": "other", "x-death": []})
-    assert from_amqp.from_amqp(message).id == "e1"
+    assert amqp_binding.from_amqp(message).id == "e1"
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_prefixed_form_ignores_other_headers():
     ],
 )
 def test_header_value_types_pika_delivers(value, text):
-    event = from_amqp.from_amqp(binary("ce-", {"myext": value}))
+    event = amqp_binding.from_amqp(binary("ce-", {"myext": value}))
     assert event.attributes["myext"] == text
 
 
@@ -85,7 +85,7 @@ def test_header_value_types_pika_delivers(value, text):
 )
 def test_malformed_events_raise_with_a_reason(extra, reason):
     with pytest.raises(EventError) as caught:
-        from_amqp.from_amqp(binary("ce-", extra))
+        amqp_binding.from_amqp(binary("ce-", extra))
     assert not isinstance(caught.value, NotACloudEvent)
     assert reason in caught.value.reason
 
@@ -94,14 +94,14 @@ def test_missing_required_attributes_are_not_invented():
     # The SDK constructor would fill in id and time; the mapping must not.
     headers = {"ce-specversion": "1.0", "ce-source": "/s", "ce-type": "t"}
     with pytest.raises(EventError, match="missing required attribute"):
-        from_amqp.from_amqp(AmqpMessage(b"", headers))
-    event = from_amqp.from_amqp(AmqpMessage(b"", {**headers, "ce-id": "1"}))
+        amqp_binding.from_amqp(AmqpMessage(b"", headers))
+    event = amqp_binding.from_amqp(AmqpMessage(b"", {**headers, "ce-id": "1"}))
     assert "time" not in event.attributes
 
 
 def test_no_specversion_is_not_a_cloudevent():
     with pytest.raises(NotACloudEvent):
-        from_amqp.from_amqp(AmqpMessage(b"x", {"ce-id": "1", "foo": "bar"}))
+        amqp_binding.from_amqp(AmqpMessage(b"x", {"ce-id": "1", "foo": "bar"}))
 
 
 def test_structured_message():
@@ -117,7 +117,7 @@ def test_structured_message():
         {},
         content_type="application/cloudevents+json; charset=utf-8",
     )
-    event = from_amqp.from_amqp(message)
+    event = amqp_binding.from_amqp(message)
     assert json.loads(event.data or b"") == {"a": [1, 2]}
     assert event.attributes["count"] == "3"
     assert event.attributes["flag"] == "true"
@@ -127,9 +127,9 @@ def test_structured_base64_and_text_data():
     b64 = {**REQUIRED, "data_base64": base64.b64encode(b"\x00\x01").decode()}
     text = {**REQUIRED, "datacontenttype": "text/plain", "data": "h\u00e9"}
     ct = "application/cloudevents+json"
-    assert from_amqp.from_amqp(AmqpMessage(json.dumps(b64).encode(), {}, ct)).data == b"\x00\x01"
+    assert amqp_binding.from_amqp(AmqpMessage(json.dumps(b64).encode(), {}, ct)).data == b"\x00\x01"
     assert (
-        from_amqp.from_amqp(AmqpMessage(json.dumps(text).encode(), {}, ct)).data
+        amqp_binding.from_amqp(AmqpMessage(json.dumps(text).encode(), {}, ct)).data
         == "h\u00e9".encode()
     )
 
@@ -154,7 +154,7 @@ def test_structured_base64_and_text_data():
 )
 def test_bad_structured_messages(body, content_type, reason):
     with pytest.raises(EventError) as caught:
-        from_amqp.from_amqp(AmqpMessage(body, {}, content_type))
+        amqp_binding.from_amqp(AmqpMessage(body, {}, content_type))
     assert reason in caught.value.reason
 
 
@@ -167,7 +167,7 @@ def test_wrapped_id_is_stable_across_redeliveries_and_distinct_per_body():
         properties=SimpleNamespace(app_id="a"),
     )
     other = AmqpMessage(b"other", {"k": "v"}, "text/plain", properties=SimpleNamespace(app_id="a"))
-    a, b, c = (from_amqp.wrap(m, "/", "orders") for m in (first, redelivered, other))
+    a, b, c = (amqp_binding.wrap(m, "/", "orders") for m in (first, redelivered, other))
     assert a.id == b.id != c.id
     assert a.source == "rabbitmq://%2F/orders"
     assert a.type == "dev.dispatcher.rabbitmq.message"
@@ -176,7 +176,7 @@ def test_wrapped_id_is_stable_across_redeliveries_and_distinct_per_body():
 
 
 def test_wrapped_id_prefers_message_id():
-    wrapped = from_amqp.wrap(AmqpMessage(b"x", {}, message_id="m-1"), "vh", "q")
+    wrapped = amqp_binding.wrap(AmqpMessage(b"x", {}, message_id="m-1"), "vh", "q")
     assert wrapped.id == "m-1"
     assert wrapped.source == "rabbitmq://vh/q"
 
@@ -185,7 +185,7 @@ def test_binary_http_request():
     event = Event(
         {**REQUIRED, "datacontenttype": "application/json", "subject": 'a "b" 100%'}, b"{}"
     )
-    parts = http_form.to_http(event, "binary", {"traceparent": "00-abc-def-01"})
+    parts = http_binding.to_http(event, "binary", {"traceparent": "00-abc-def-01"})
     assert parts.headers["content-type"] == "application/json"
     assert parts.headers["ce-id"] == "e1"
     assert parts.headers["ce-subject"] == "a%20%22b%22%20100%25"
@@ -207,7 +207,7 @@ def test_structured_http_request(content_type, data, key, expected):
     attributes = dict(REQUIRED)
     if content_type:
         attributes["datacontenttype"] = content_type
-    parts = http_form.to_http(Event(attributes, data), "structured")
+    parts = http_binding.to_http(Event(attributes, data), "structured")
     document = json.loads(parts.body)
     assert parts.headers["content-type"] == "application/cloudevents+json"
     assert document[key] == expected
@@ -215,14 +215,14 @@ def test_structured_http_request(content_type, data, key, expected):
 
 
 def test_trace_headers_only_clean_values():
-    found = http_form.trace_headers(
+    found = http_binding.trace_headers(
         {"traceparent": "00-a-b-01", "tracestate": "x\r\ny: z", "other": "v"}
     )
     assert found == {"traceparent": "00-a-b-01"}
 
 
 def test_reply_in_binary_mode():
-    reply = http_form.from_http_response(
+    reply = http_binding.from_http_response(
         {
             "ce-specversion": "1.0",
             "ce-id": "r1",
@@ -241,20 +241,22 @@ def test_reply_in_binary_mode():
 
 def test_reply_in_structured_mode_and_no_reply():
     document = json.dumps({**REQUIRED, "data": {"x": 1}}).encode()
-    reply = http_form.from_http_response({"Content-Type": "application/cloudevents+json"}, document)
+    reply = http_binding.from_http_response(
+        {"Content-Type": "application/cloudevents+json"}, document
+    )
     assert reply is not None and reply.id == "e1"
-    assert http_form.from_http_response({"content-type": "application/json"}, b"{}") is None
+    assert http_binding.from_http_response({"content-type": "application/json"}, b"{}") is None
 
 
 def test_invalid_reply_raises():
     with pytest.raises(EventError, match="missing required attribute"):
-        http_form.from_http_response({"ce-specversion": "1.0", "ce-source": "/r"}, b"")
+        http_binding.from_http_response({"ce-specversion": "1.0", "ce-source": "/r"}, b"")
 
 
 def test_amqp_headers_round_trip():
     event = Event({**REQUIRED, "datacontenttype": "text/plain", "myext": "v"}, b"d")
-    headers, content_type = events.to_amqp_headers(event)
-    again = from_amqp.from_amqp(AmqpMessage(event.data or b"", headers, content_type))
+    headers, content_type = amqp_binding.to_amqp_headers(event)
+    again = amqp_binding.from_amqp(AmqpMessage(event.data or b"", headers, content_type))
     assert again == Event(dict(event.attributes), b"d")
 
 
@@ -274,13 +276,13 @@ def test_amqp_headers_round_trip():
 def test_structured_documents_that_are_not_valid_cloudevents_json(document, reason):
     message = AmqpMessage(document.encode(), {}, "application/cloudevents+json")
     with pytest.raises(EventError) as caught:
-        from_amqp.from_amqp(message)
+        amqp_binding.from_amqp(message)
     assert reason in caught.value.reason
 
 
 def test_structured_output_splices_json_data_byte_for_byte():
     data = b'{"precise": 1.00000000000000001, "big": 12345678901234567890.5, "k": 1, "k": 2}'
-    parts = http_form.to_http(
+    parts = http_binding.to_http(
         Event({**REQUIRED, "datacontenttype": "application/json"}, data), "structured"
     )
     assert parts.body.endswith(b',"data":' + data + b"}")
@@ -289,14 +291,14 @@ def test_structured_output_splices_json_data_byte_for_byte():
 
 def test_deeply_nested_json_data_goes_base64_not_crash():
     data = b"[" * 100_000
-    document = json.loads(http_form.to_http(Event(dict(REQUIRED), data), "structured").body)
+    document = json.loads(http_binding.to_http(Event(dict(REQUIRED), data), "structured").body)
     assert base64.b64decode(document["data_base64"]) == data
 
 
 def test_reply_detection():
-    assert http_form.is_http_cloudevent({"Ce-Specversion": "1.0"})
-    assert http_form.is_http_cloudevent({"Content-Type": "application/cloudevents+json"})
-    assert not http_form.is_http_cloudevent({"content-type": "text/html"})
+    assert http_binding.is_http_cloudevent({"Ce-Specversion": "1.0"})
+    assert http_binding.is_http_cloudevent({"Content-Type": "application/cloudevents+json"})
+    assert not http_binding.is_http_cloudevent({"content-type": "text/html"})
 
 
 def test_wrapped_id_depends_on_identity_properties_only():
@@ -304,7 +306,7 @@ def test_wrapped_id_depends_on_identity_properties_only():
     same = SimpleNamespace(app_id="a", priority=9)  # priority is not identity
     other = SimpleNamespace(app_id="b", priority=5)
     a, b, c = (
-        from_amqp.wrap(AmqpMessage(b"x", {}, properties=p), "/", "q").id
+        amqp_binding.wrap(AmqpMessage(b"x", {}, properties=p), "/", "q").id
         for p in (props, same, other)
     )
     assert a == b != c
@@ -323,13 +325,13 @@ def test_structured_input_keeps_json_data_byte_for_byte(data):
     # Decoding and re-encoding would round the numbers and change the spacing.
     body = b'{"specversion":"1.0","id":"1","source":"/s","type":"t",\n "data" : ' + data + b" }"
     message = AmqpMessage(body, {}, "application/cloudevents+json")
-    assert from_amqp.from_amqp(message).data == data
+    assert amqp_binding.from_amqp(message).data == data
 
 
 def test_the_last_of_repeated_data_members_wins_as_in_json_loads():
     body = b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":1,"data": [2]}'
     message = AmqpMessage(body, {}, "application/cloudevents+json")
-    assert from_amqp.from_amqp(message).data == b"[2]"
+    assert amqp_binding.from_amqp(message).data == b"[2]"
 
 
 def test_validation_verdicts_do_not_depend_on_what_was_seen_before():
@@ -349,7 +351,7 @@ def test_structured_utf16_json_is_still_read():
     document = {"specversion": "1.0", "id": "1", "source": "/s", "type": "t", "data": {"a": 1}}
     body = json.dumps(document).encode("utf-16")
     message = AmqpMessage(body, {}, "application/cloudevents+json")
-    assert json.loads(from_amqp.from_amqp(message).data or b"") == {"a": 1}
+    assert json.loads(amqp_binding.from_amqp(message).data or b"") == {"a": 1}
 
 
 def test_bytes_names_and_properties_from_pika_become_text():
@@ -360,16 +362,19 @@ def test_bytes_names_and_properties_from_pika_become_text():
         content_type=b"text/plain\xe9",
         message_id=None,
     )
-    message = from_amqp.amqp_message(b"body", properties)
+    message = amqp_binding.amqp_message(b"body", properties)
     assert next(iter(message.headers)) == "k\xff" and message.content_type == "text/plain\xe9"
-    event, problem = from_amqp.read(message, "/", "q")
-    assert problem is None and event.type == from_amqp.WRAPPED_TYPE
-    assert event.id == from_amqp.read(from_amqp.amqp_message(b"body", properties), "/", "q")[0].id
+    event, problem = amqp_binding.read(message, "/", "q")
+    assert problem is None and event.type == amqp_binding.WRAPPED_TYPE
+    assert (
+        event.id
+        == amqp_binding.read(amqp_binding.amqp_message(b"body", properties), "/", "q")[0].id
+    )
 
 
 @pytest.mark.parametrize("data", ['{"a": 1}'.encode("utf-8-sig"), '{"a": 1}'.encode("utf-16")])
 def test_json_data_that_is_not_plain_utf8_is_not_spliced_raw(data):
     # Spliced as it is, a BOM or UTF-16 would make the structured document invalid.
     event = Event({**REQUIRED, "datacontenttype": "application/json"}, data)
-    document = json.loads(events.to_json(event))
+    document = json.loads(json_format.to_json(event))
     assert base64.b64decode(document["data_base64"]) == data

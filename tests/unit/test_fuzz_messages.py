@@ -4,9 +4,9 @@ The promise ("bad input never crashes or blocks the queue"): a
 message that cannot be read becomes a dead letter with a reason. Here that
 means, for every generated message:
 
-- ``from_amqp.amqp_message`` (on the pika thread) turns pika's properties into an
+- ``amqp_binding.amqp_message`` (on the pika thread) turns pika's properties into an
   ``AmqpMessage`` without raising;
-- ``from_amqp.from_amqp`` returns an event or raises ``EventError`` (its
+- ``amqp_binding.from_amqp`` returns an event or raises ``EventError`` (its
   subclass ``NotACloudEvent`` included), nothing else;
 - ``Handler._read`` (the service's path) gives an event and at most a reason,
   never an "internal error" (its catch-all for exceptions that escape the
@@ -40,7 +40,7 @@ import pika.data
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from dispatcher import events, from_amqp, http_form
+from dispatcher import amqp_binding, http_binding, json_format
 from dispatcher.config import settings_from_dict
 from dispatcher.deadletter import Failure, dead_letter_event
 from dispatcher.errors import EventError
@@ -274,26 +274,26 @@ def assert_event_forwardable(event: Event, message: AmqpMessage) -> None:
     assert event.id and event.source and event.type
     assert isinstance(event.key, tuple)
     assert event.data is None or isinstance(event.data, bytes)
-    trace = http_form.trace_headers(message.headers)
+    trace = http_binding.trace_headers(message.headers)
     for mode in ("binary", "structured"):
-        request = http_form.to_http(event, mode, trace)
+        request = http_binding.to_http(event, mode, trace)
         assert_http_well_formed(request.headers, request.body)
-    document = json.loads(events.to_json(event))
+    document = json.loads(json_format.to_json(event))
     assert isinstance(document, dict)
     letter = dead_letter_event(event, "http://sink/", Failure(-1, reason="a reason\r\n"))
     for mode in ("binary", "structured"):
-        request = http_form.to_http(letter, mode)
+        request = http_binding.to_http(letter, mode)
         assert_http_well_formed(request.headers, request.body)
-    headers, content_type = events.to_amqp_headers(letter)
+    headers, content_type = amqp_binding.to_amqp_headers(letter)
     pika.data.encode_table([], headers)  # what the publisher sends: must encode
     if content_type is not None:
         pika.data.encode_short_string([], content_type)
 
 
 def check_message(body: bytes, properties: SimpleNamespace) -> None:
-    message = from_amqp.amqp_message(body, properties)
+    message = amqp_binding.amqp_message(body, properties)
     with contextlib.suppress(EventError):  # the documented refusal; nothing else
-        from_amqp.from_amqp(message)
+        amqp_binding.from_amqp(message)
     for handler in HANDLERS.values():
         event, problem = handler._read(message)
         assert problem is None or not problem.startswith("internal error"), problem
@@ -378,8 +378,8 @@ def test_a_table_nested_1000_deep_in_every_form() -> None:
 
 def test_the_id_of_a_deeply_nested_wrapped_message_is_stable_and_distinct() -> None:
     def wrapped_id(body: bytes, depth: int) -> str:
-        message = from_amqp.amqp_message(body, props(headers={"x-deep": nested(depth)}))
-        return from_amqp.wrap(message, "/", "q").id
+        message = amqp_binding.amqp_message(body, props(headers={"x-deep": nested(depth)}))
+        return amqp_binding.wrap(message, "/", "q").id
 
     assert wrapped_id(b"a", 1000) == wrapped_id(b"a", 1000)
     assert len({wrapped_id(b"a", 1000), wrapped_id(b"b", 1000), wrapped_id(b"a", 1001)}) == 3
@@ -411,7 +411,7 @@ def test_bodies_at_the_limit_on_both_sides() -> None:
             body = b"x" * size
             check_message(body, props(headers=headers, content_type=content_type))
             _event, problem = HANDLERS["wrap"]._read(
-                from_amqp.amqp_message(body, props(headers=headers, content_type=content_type))
+                amqp_binding.amqp_message(body, props(headers=headers, content_type=content_type))
             )
             too_big = problem is not None and "exceeds max_body_size" in problem
             assert too_big == (size > MAX_BODY)

@@ -1,4 +1,5 @@
-"""Where an AMQP message becomes a CloudEvent: read, wrapped, or a stand-in.
+"""CloudEvents' AMQP protocol binding: where a message becomes a CloudEvent
+(read, wrapped, or a stand-in), and the ``ce-`` headers an event is published with.
 
 Accepted AMQP forms (first match wins):
 
@@ -36,10 +37,10 @@ from dispatcher.events import (
     Event,
     Unreadable,
     attribute_text,
-    from_structured,
     header_safe_media_type,
     validated,
 )
+from dispatcher.json_format import from_structured
 
 WRAPPED_TYPE: Final = "dev.dispatcher.rabbitmq.message"
 
@@ -254,3 +255,13 @@ def _flat_repr(value: Any) -> str:
         else:
             out.append(repr(item))
     return "".join(out)
+
+
+# --------------------------------------------------------------------- Event -> AMQP
+
+
+def to_amqp_headers(event: Event) -> tuple[dict[str, str], str | None]:
+    """Binary ``ce-`` header form (the one ``from_amqp`` reads first) plus the content
+    type: how the publisher and ``replay`` put an event on an exchange."""
+    headers = {"ce-" + k: v for k, v in event.attributes.items() if k != "datacontenttype"}
+    return headers, event.attributes.get("datacontenttype")

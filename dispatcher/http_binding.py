@@ -1,10 +1,11 @@
-"""An event as an HTTP request, and a subscriber's HTTP reply as an event.
+"""CloudEvents' HTTP protocol binding: an event as an HTTP request, and a
+subscriber's HTTP reply as an event.
 
 The request is built as plain parts (``HttpRequestParts``: headers and body);
 sending them is ``dispatcher/http/``'s job (libcurl), which this module never
 imports. Binary content mode writes attributes as ``ce-`` headers, quoted as
 the CloudEvents HTTP binding says; structured mode sends the JSON event format
-(``events.to_json``). W3C trace context read from the message's AMQP headers
+(``json_format.to_json``). W3C trace context read from the message's AMQP headers
 rides along, checked so that it can never inject another header.
 """
 
@@ -16,15 +17,8 @@ from typing import Any, Final
 from urllib.parse import quote, unquote
 
 from dispatcher.config import ContentMode
-from dispatcher.events import (
-    STRUCTURED_CONTENT_TYPE,
-    Event,
-    HttpRequestParts,
-    attribute_text,
-    from_structured,
-    to_json,
-    validated,
-)
+from dispatcher.events import Event, HttpRequestParts, attribute_text, validated
+from dispatcher.json_format import STRUCTURED_CONTENT_TYPE, from_structured, to_json
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 # Sent with every request to a subscriber (not to a sink or reply URL): the
