@@ -32,7 +32,8 @@ The sides and the rest:
 - ``config/``     settings data, its sources (file, environment, Knative), validation,
   value parsers and the rendering ``check`` prints.
 - ``pipeline/``   the PySpark jobs: archive, report, replay.
-- ``preflight``   what ``check`` reads with pika, ssl and redis-py before anything starts.
+- ``resolve``     what the settings name, read with pika, ssl, the proxy variables and
+                  redis-py before anything starts: the one step ``check`` and ``run`` share.
 - ``service``     wires it all together; ``cli`` parses commands; ``signals``,
   ``logs`` (and ``log_output``: stdout that never blocks the loop), ``metrics``,
   ``errors`` (the one error tree).

@@ -20,7 +20,7 @@ from typing import Any
 
 from dateutil.parser import isoparse
 
-from dispatcher import __version__, preflight
+from dispatcher import __version__
 from dispatcher.config import (
     BrokerSettings,
     Settings,
@@ -31,6 +31,7 @@ from dispatcher.config import (
     render_effective_config,
 )
 from dispatcher.errors import BatchFailed, BatchInputError, ConfigError
+from dispatcher.resolve import Resolved, check_batch, resolve
 from dispatcher.signals import Signals
 
 # Not taken from __doc__: ``python -OO`` strips docstrings.
@@ -178,8 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("archive", "report", "replay"):
         return _batch(args)
+    # One resolve step for both: `check` refuses what `run` would, and `run`
+    # builds the service from what it read.
+    resolved: list[Resolved] = []
     try:
-        settings = load_settings(args.config, os.environ, preflight.check_service)
+        settings = load_settings(args.config, os.environ, lambda s: resolved.append(resolve(s)))
     except ConfigError as e:
         return _error(str(e), EXIT_USAGE)
     if args.command == "check":
@@ -187,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for said in advice(settings):  # valid, so still exit 0
             sys.stderr.write(f"dispatcher: warning: {said}\n")
         return EXIT_OK
-    return _run(settings)
+    return _run(settings, resolved[0])
 
 
 # (args, broker settings, the stop request) -> the summary printed on stdout.
@@ -205,7 +209,7 @@ def _batch(args: argparse.Namespace) -> int:
     try:
         # report publishes nothing: a broker setting it cannot use must not stop it.
         sections = ("logging",) if args.command == "report" else ("broker", "logging")
-        check = preflight.check_batch if "broker" in sections else None
+        check = check_batch if "broker" in sections else None
         settings = load_batch_settings(args.config, os.environ, sections, check)
     except ConfigError as e:
         return _error(str(e), EXIT_USAGE)
@@ -279,7 +283,7 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, resolved: Resolved) -> int:
     # Imported here so `check` stays fast and never touches the network stack.
     from dispatcher import logs
     from dispatcher.service import Service
@@ -288,7 +292,7 @@ def _run(settings: Settings) -> int:
     try:
         with Signals() as signals:
             try:
-                service = Service(settings)
+                service = Service(settings, resolved)
             except ConfigError as e:
                 return _error(str(e), EXIT_USAGE)
             service.start()

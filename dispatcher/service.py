@@ -17,15 +17,12 @@ import contextlib
 import gc
 import os
 import resource
-import ssl
 import threading
 import time
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
 from dispatcher import http_binding, logs
-from dispatcher.bearer import BearerToken
 from dispatcher.breaker import CircuitBreaker, reported
 from dispatcher.broker.params import virtual_host
 from dispatcher.broker.publisher import Publisher
@@ -34,11 +31,11 @@ from dispatcher.config import BindingSettings, DeliverySettings, Settings, advic
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import MemoryDedupe, SharedDedupe
 from dispatcher.engine import Engine
-from dispatcher.errors import ConfigError, TokenFileError
+from dispatcher.errors import ConfigError
 from dispatcher.filters import compile_filter
 from dispatcher.handler import Handler, longest_attempt
 from dispatcher.http.client import HttpClient
-from dispatcher.http.endpoint import Endpoint, endpoint
+from dispatcher.http.endpoint import Endpoint
 from dispatcher.http.server import OpsServer
 from dispatcher.http.target import HttpTarget
 from dispatcher.logs import get_logger
@@ -46,8 +43,8 @@ from dispatcher.loop import WRITABLE
 from dispatcher.metrics import Metrics
 from dispatcher.rate_limit import RateLimit
 from dispatcher.reply import Replier
+from dispatcher.resolve import BindingEndpoints, Resolved, resolve
 from dispatcher.seams import Dedupe
-from dispatcher.tls import tls_context
 from dispatcher.tracing import Tracer
 
 if TYPE_CHECKING:
@@ -61,17 +58,19 @@ CLOSE_BOUND = 3.0
 
 
 class Service:
-    """Everything that can fail on bad settings is built before anything that holds a
-    socket or a thread, so a ``ConfigError`` from the constructor leaves nothing behind."""
+    """Built from the settings and what ``dispatcher.resolve`` read of them (resolved
+    here when not given: tests and tools). Everything that can fail on bad settings
+    was resolved before anything that holds a socket or a thread, so a
+    ``ConfigError`` from the constructor leaves nothing behind."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, resolved: Resolved | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics([b.delivery.timeout for b in settings.bindings])
         self.metrics.count_log_drops(lambda: logs.OUTPUT.dropped)
         self._log_attached = False
         self._stop_requested = threading.Event()
         self._gc_threshold = gc.get_threshold()  # put back at shutdown
-        endpoints = [_endpoints(index, b) for index, b in enumerate(settings.bindings)]
+        endpoints = list((resolved or resolve(settings)).bindings)
         # Each delivery in flight may hold a connection to each of its binding's URLs.
         connections = sum(
             b.effective_parallelism * (1 + (e.sink is not None) + (e.reply is not None))
@@ -87,32 +86,26 @@ class Service:
             self.engine.loop.close()  # never started: nothing else to undo
             raise
 
-    def _build(self, settings: Settings, endpoints: list[_Endpoints]) -> None:
-        try:
-            self.supervisor = Supervisor(
-                settings.broker, self.metrics, self.engine.loop, self.engine.deliver
+    def _build(self, settings: Settings, endpoints: list[BindingEndpoints]) -> None:
+        self.supervisor = Supervisor(
+            settings.broker, self.metrics, self.engine.loop, self.engine.deliver
+        )
+        self.publisher = (
+            Publisher(
+                settings.broker,
+                self.engine.loop,
+                on_blocked=partial(self.metrics.set_blocked, "publisher"),
             )
-            self.publisher = (
-                Publisher(
-                    settings.broker,
-                    self.engine.loop,
-                    on_blocked=partial(self.metrics.set_blocked, "publisher"),
-                )
-                if _needs_publisher(settings)
-                else None
-            )
-        except (OSError, ssl.SSLError, ValueError) as e:
-            raise ConfigError("broker.tls", f"cannot load: {e}") from e
+            if _needs_publisher(settings)
+            else None
+        )
         self.claims: RedisClaims | None = None
         if settings.dedupe.store is not None:
             # Imported only when used: redis-py is 8 MB of memory a single replica
             # without a store has no use for.
             from dispatcher.redis_claims import RedisClaims
 
-            try:
-                self.claims = RedisClaims(settings.dedupe.store, self.engine.loop, self.metrics)
-            except ValueError as e:  # redis-py's reading of the URL (a bad query parameter)
-                raise ConfigError("dedupe.store", str(e)) from e
+            self.claims = RedisClaims(settings.dedupe.store, self.engine.loop, self.metrics)
         self.engine.apply_with(self.supervisor.apply)
         try:
             self.ops = OpsServer(
@@ -132,7 +125,7 @@ class Service:
         for binding, urls in zip(settings.bindings, endpoints, strict=True):
             self._add_binding(binding, urls, vhost)
 
-    def _add_binding(self, binding: BindingSettings, urls: _Endpoints, vhost: str) -> None:
+    def _add_binding(self, binding: BindingSettings, urls: BindingEndpoints, vhost: str) -> None:
         self.metrics.delivery_timeout.labels(binding.name).set(binding.delivery.timeout)
         metrics = self.metrics.binding(binding.name)
         publish_timeout = binding.delivery.timeout
@@ -315,47 +308,6 @@ def _allow_open_files(needed: int) -> None:
             limit=soft,
             needed=needed,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class _Endpoints:
-    subscriber: Endpoint
-    sink: Endpoint | None
-    reply: Endpoint | None
-    bearer: BearerToken | None  # one token, kept current, for all three
-
-
-def _endpoints(index: int, binding: BindingSettings) -> _Endpoints:
-    """A binding's URLs as the HTTP client will use them: its TLS files and token are
-    loaded now (a bad one is a config error) and the proxy environment is read once."""
-    try:
-        tls_context(binding.tls)  # what curl will load, checked where the error can name the key
-    except (OSError, ssl.SSLError) as e:
-        raise ConfigError(f"bindings[{index}].tls", f"cannot load: {e}") from e
-
-    def make(url: str | None, key: str) -> Endpoint | None:
-        if url is None:
-            return None
-        return endpoint(url, binding.tls, os.environ, f"bindings[{index}].{key}")
-
-    subscriber = make(binding.subscriber, "subscriber")
-    assert subscriber is not None
-    return _Endpoints(
-        subscriber,
-        make(binding.dead_letter.sink, "dead_letter.sink"),
-        make(binding.reply.url, "reply.url"),
-        _bearer(index, binding),
-    )
-
-
-def _bearer(index: int, binding: BindingSettings) -> BearerToken | None:
-    path = binding.auth.bearer_token_file
-    if path is None:
-        return None
-    try:
-        return BearerToken(path, binding.name)
-    except TokenFileError as e:  # gone since the configuration read it
-        raise ConfigError(f"bindings[{index}].auth.bearer_token_file", f"{path}: {e}") from e
 
 
 def _needs_publisher(settings: Settings) -> bool:

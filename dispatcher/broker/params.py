@@ -181,6 +181,6 @@ def describe_error(error: object) -> str:
 
 
 def virtual_host(broker: BrokerSettings) -> str:
-    """The virtual host of the first node (``preflight`` checks that every node
+    """The virtual host of the first node (``dispatcher.resolve`` checks that every node
     names it), as pika reads it."""
     return str(pika.URLParameters(broker.urls[0]).virtual_host)

@@ -358,9 +358,8 @@ class ReplySettings(Section):
 class AuthSettings(Section):
     """How requests authenticate to the subscriber, beyond a URL's user:password@."""
 
-    bearer_token_file: Annotated[
-        str | None, Accepts(values.token_file, {"type": "string", "minLength": 1})
-    ] = Field(
+    # Its token is read with the rest of what the settings name (``dispatcher.resolve``).
+    bearer_token_file: Annotated[str | None, FILE] = Field(
         default=None,
         description="Authorization: Bearer <token> on every request of the binding, "
         "the token kept current from this file",

@@ -44,16 +44,16 @@ _ENV_OVERRIDES: Final = (
 def load_settings(
     path: str | None,
     environ: Mapping[str, str],
-    preflight: Callable[[Settings], None] | None = None,
+    resolve: Callable[[Settings], object] | None = None,
 ) -> Settings:
     """Read the config file (``path``, else ``$DISPATCHER_CONFIG``, else the default).
 
     With no config file at all and ``QUEUE_NAME`` set, build one binding from
     the Knative dispatcher's variables instead (``knative``).
 
-    ``preflight`` checks the result with the libraries this package does not
-    import (``dispatcher.preflight``: pika, ssl, redis-py); its ConfigErrors
-    name a variable the value came from, like the package's own.
+    ``resolve`` reads what the result names with the libraries this package does
+    not import (``dispatcher.resolve``: pika, ssl, libcurl's proxies, redis-py);
+    its ConfigErrors name a variable the value came from, like the package's own.
     """
     resolved, named_by = _resolve_config_path(path, environ)
     if named_by == "config" and not path and knative.wanted(environ, os.path.exists(resolved)):
@@ -61,16 +61,16 @@ def load_settings(
         # applying it again would drop that vhost.
         rest = {k: v for k, v in environ.items() if k != "RABBITMQ_URL"}
         origins = knative.origins(environ)
-        return settings_from_dict(knative.raw_config(environ), rest, origins, preflight)
+        return settings_from_dict(knative.raw_config(environ), rest, origins, resolve)
     raw = _read_yaml(resolved, named_by)
-    return settings_from_dict(raw, environ, preflight=preflight)
+    return settings_from_dict(raw, environ, resolve=resolve)
 
 
 def load_batch_settings(
     path: str | None,
     environ: Mapping[str, str],
     sections: tuple[str, ...] = ("broker", "logging"),
-    preflight: Callable[[BatchSettings], None] | None = None,
+    resolve: Callable[[BatchSettings], object] | None = None,
 ) -> BatchSettings:
     """The ``broker`` and ``logging`` sections alone, for the batch commands: only
     those of ``sections`` are read and checked (``report`` never connects to a
@@ -89,8 +89,8 @@ def load_batch_settings(
     wanted = {name: merged[name] for name in sections if name in merged}
     settings = _validated(BatchSettings, wanted, origins)
     with _blaming_variables(origins):
-        if preflight is not None:
-            preflight(settings)
+        if resolve is not None:
+            resolve(settings)
         return settings
 
 
@@ -98,7 +98,7 @@ def settings_from_dict(
     raw: Mapping[str, object],
     environ: Mapping[str, str],
     origins_of_raw: Mapping[str, str] | None = None,
-    preflight: Callable[[Settings], None] | None = None,
+    resolve: Callable[[Settings], object] | None = None,
 ) -> Settings:
     """Apply the environment overrides to ``raw`` and validate the result.
 
@@ -111,8 +111,8 @@ def settings_from_dict(
     with _blaming_variables(origins):
         if settings.tracing.enabled:
             otel.traces_url(settings.tracing, environ)  # a bad signal endpoint: refused now
-        if preflight is not None:
-            preflight(settings)
+        if resolve is not None:
+            resolve(settings)
         return settings
 
 

@@ -45,7 +45,7 @@ def amqp_urls(value: object, key: str) -> str | tuple[str, ...]:
 
 def amqp_url(value: object, key: str) -> str:
     # Its query parameters (?heartbeat=, ?channel_max=) and virtual host are
-    # pika's to read: ``dispatcher.preflight`` reads it with pika before
+    # pika's to read: ``dispatcher.resolve`` reads it with pika before
     # anything starts, ``check`` included.
     return _url(value, key, ("amqp", "amqps"), "an amqp(s) URL")
 

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from typing import Final, TypeVar, get_args
 
 from dispatcher import cesql
-from dispatcher.bearer import read_token
 from dispatcher.config.filter_tree import (
     CesqlFilter,
     FilterEntry,
@@ -25,7 +24,7 @@ from dispatcher.config.filter_tree import (
     NestingFilter,
 )
 from dispatcher.config.redaction import show
-from dispatcher.errors import ConfigError, TokenFileError
+from dispatcher.errors import ConfigError
 from dispatcher.retry import RETRY_CLASSES
 
 
@@ -296,15 +295,6 @@ def queue_name(value: object, key: str) -> str:
     if len(name.encode("utf-8")) > 255:  # AMQP 0-9-1 shortstr limit
         raise ConfigError(key, "must be at most 255 bytes")
     return name
-
-
-def token_file(value: object, key: str) -> str:
-    path = existing_file(value, key)
-    try:
-        read_token(path)  # what the service will send: refused now, not per request
-    except TokenFileError as e:
-        raise ConfigError(key, f"no token in {path}: {e}") from e
-    return path
 
 
 def existing_file(value: object, key: str) -> str:

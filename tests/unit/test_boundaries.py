@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "dispatcher"
 
 # The outer modules: they wire the sides together, so they may import anything.
-WIRING = {"dispatcher.service", "dispatcher.cli", "dispatcher.preflight", "dispatcher.__main__"}
+WIRING = {"dispatcher.service", "dispatcher.cli", "dispatcher.resolve", "dispatcher.__main__"}
 # Top-level modules that are a boundary themselves, not core.
 BOUNDARY_MODULES = {"dispatcher.redis_claims", "dispatcher.otlp"}
 PROTOCOL_LIBRARIES = {"pika", "pycurl", "redis", "opentelemetry"}

@@ -39,6 +39,7 @@ from dispatcher.config import (
 )
 from dispatcher.config.advice import advice
 from dispatcher.errors import ConfigError
+from dispatcher.resolve import resolve
 
 SUBSCRIBER = "http://127.0.0.1:8080/"
 
@@ -574,11 +575,13 @@ def test_a_bearer_token_file_is_read_at_start(token_file) -> None:
     ],
 )
 def test_a_token_file_without_a_usable_token_is_a_config_error(tmp_path, content, problem) -> None:
+    # The token is read in the resolve step `check` and `run` share.
     path = tmp_path / "token"
     path.write_bytes(content)
-    assert binding_error(auth={"bearer_token_file": str(path)}) == (
-        f"bindings[0].auth.bearer_token_file: no token in {path}: {problem}"
-    )
+    raw = {"bindings": [binding(auth={"bearer_token_file": str(path)})]}
+    with pytest.raises(ConfigError) as info:
+        settings_from_dict(raw, {}, resolve=resolve)
+    assert str(info.value) == f"bindings[0].auth.bearer_token_file: no token in {path}: {problem}"
 
 
 def test_a_missing_token_file_is_a_config_error(tmp_path) -> None:

@@ -1,6 +1,6 @@
-"""`check` accepts exactly what `run` can start with: what only pika, ssl or
-redis-py can read is read before anything starts, and an error names the key,
-or the variable the value came from."""
+"""`check` accepts exactly what `run` can start with: one resolve step reads
+what only pika, ssl, the proxy variables or redis-py can read before anything
+starts, and an error names the key, or the variable the value came from."""
 
 from __future__ import annotations
 
@@ -130,3 +130,17 @@ def test_a_proxy_variable_run_would_refuse_is_refused_by_check_with_the_same_wor
     # An http subscriber alone never goes through HTTPS_PROXY: accepted.
     config.write_text(yaml.safe_dump({"bindings": [BINDING]}))
     assert cli.main(["check", "--config", str(config)]) == 0
+
+
+def test_a_token_file_run_would_refuse_is_refused_by_check_with_the_same_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_bytes(b" \n")
+    config = tmp_path / "dispatcher.yaml"
+    binding = {**BINDING, "auth": {"bearer_token_file": str(token)}}
+    config.write_text(yaml.safe_dump({"bindings": [binding]}))
+    said = f"dispatcher: bindings[0].auth.bearer_token_file: no token in {token}: empty\n"
+    for command in ("check", "run"):
+        assert cli.main([command, "--config", str(config)]) == 2
+        assert capsys.readouterr().err == said
