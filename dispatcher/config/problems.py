@@ -16,10 +16,11 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Mapping
-from typing import Any, Final, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from dispatcher.config.redaction import show
 from dispatcher.config.validation import ERROR_TYPE
 from dispatcher.config.values import written
 from dispatcher.errors import ConfigError
@@ -34,7 +35,7 @@ def config_error(
     """Every problem of ``error`` as one ConfigError: in declaration order, an
     unknown key first in its section (a misspelt key explains a missing one)."""
     found: list[tuple[tuple[str | int, ...], bool, tuple[str, str]]] = []
-    for details in error.errors(include_url=False, include_input=False):
+    for details in error.errors(include_url=False):
         loc, unknown = details["loc"], details["type"] == "extra_forbidden"
         key, problem = _problem(details, root)
         entry = (loc, unknown, (blamed(key, origins), problem))
@@ -77,8 +78,73 @@ def _problem(details: Any, root: type[BaseModel]) -> tuple[str, str]:
         allowed = ", ".join(sorted(_section_at(root, loc[:-1]).model_fields))
         key = _joined(_path(loc[:-1]), written(str(loc[-1])))
         return key, f"unknown key (expected one of: {allowed})"
-    # Not reached by a file: every key has a parser of ours. Say it without the input.
-    return _path(loc) or "config", str(details["msg"]).lower()
+    return _path(loc) or "config", _plain_problem(details, root)
+
+
+def _plain_problem(details: Any, root: type[BaseModel]) -> str:
+    """A strict pydantic type's error (a boolean, a bounded number, a string, one
+    of a few words) as our messages have always said it. The input is shown
+    redacted (``show``), never as pydantic would."""
+    kind, value = details["type"], details.get("input")
+    if kind in _SIMPLE:
+        return _SIMPLE[kind]
+    if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
+        return "must be a finite number"  # an integer beyond any float
+    if kind in _GOT:
+        return f"{_GOT[kind]}, got {show(value)}"
+    return _out_of_bounds(details, root)
+
+
+def _out_of_bounds(details: Any, root: type[BaseModel]) -> str:
+    kind, ctx, value = details["type"], details.get("ctx", {}), details.get("input")
+    if kind == "literal_error":
+        words = re.findall(r"'([^']*)'", ctx["expected"])
+        return f"must be one of {', '.join(words)}, got {show(value)}"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        low, high = _bounds(root, details["loc"])
+        if low is not None and high is not None and isinstance(value, int):
+            return f"must be between {low} and {high}"
+        bound = ctx.get("ge", ctx.get("le"))
+        return f"must be {'>=' if kind == 'greater_than_equal' else '<='} {bound:g}"
+    if kind == "greater_than":
+        return f"must be > {ctx['gt']:g}"
+    # Not reached by a file: every key's type is one of the above or has a parser of ours.
+    return str(details["msg"]).lower()
+
+
+_SIMPLE: Final[Mapping[str, str]] = {
+    "string_too_short": "must not be empty",
+    "finite_number": "must be a finite number",
+}
+_GOT: Final[Mapping[str, str]] = {
+    "string_type": "must be a string",
+    "bool_type": "must be a boolean (true or false)",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+}
+
+
+def _bounds(root: type[BaseModel], loc: tuple[str | int, ...]) -> tuple[Any, Any]:
+    """The ``ge`` and ``le`` of the key at ``loc`` (an integer between two bounds
+    is said as "between")."""
+    section = _section_at(root, tuple(p for p in loc[:-1] if isinstance(p, str)))
+    field = section.model_fields[str(loc[-1])]
+    found: dict[str, Any] = {}
+    for item in _metadata(field.metadata, field.annotation):
+        for name in ("ge", "le"):
+            if hasattr(item, name):
+                found[name] = getattr(item, name)
+    return found.get("ge"), found.get("le")
+
+
+def _metadata(metadata: list[Any], annotation: object) -> list[Any]:
+    """Constraints on a field, also where they sit inside ``Annotated[...] | None``."""
+    items = list(metadata)
+    for arg in get_args(annotation):
+        if get_origin(arg) is Annotated:
+            for inner in get_args(arg)[1:]:
+                items.extend(getattr(inner, "metadata", [inner]))
+    return items
 
 
 def _path(loc: tuple[str | int, ...]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import yaml
 from pydantic import BaseModel
@@ -47,7 +47,16 @@ def rendered_default(field: FieldInfo) -> object:
 
 
 def _how(field: FieldInfo) -> str | None:
-    return next((m.render for m in field.metadata if isinstance(m, Accepts)), None)
+    marked = next((m.render for m in field.metadata if isinstance(m, Accepts)), None)
+    if marked is None and _holds_float(field.annotation):
+        return "number"  # 1.0 written as 1, as the user would
+    return marked
+
+
+def _holds_float(annotation: object) -> bool:
+    if annotation is float:
+        return True
+    return any(_holds_float(arg) for arg in get_args(annotation) if arg is not type(None))
 
 
 def _render(value: object, how: str | None) -> object:

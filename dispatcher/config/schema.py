@@ -22,9 +22,10 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, get_origin
+from types import UnionType
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
 from dispatcher.config.problems import section_in
@@ -67,12 +68,24 @@ def _section(shape: type[BaseModel]) -> JsonSchema:
 def _key(f: FieldInfo) -> JsonSchema:
     nested = section_in(f.annotation)
     if nested is None:
-        [accepts] = [m for m in f.metadata if isinstance(m, Accepts)]
-        return _described(copy.deepcopy(accepts.schema), f)
+        accepts = [m for m in f.metadata if isinstance(m, Accepts)]
+        schema = copy.deepcopy(accepts[0].schema) if accepts else _typed(f)
+        return _described(schema, f)
     schema = _section(nested)
     if get_origin(f.annotation) is tuple:  # bindings: a list of sections
         schema = {"type": "array", "minItems": 1, "items": schema}
     return _described(schema, f)
+
+
+def _typed(f: FieldInfo) -> JsonSchema:
+    """pydantic's own schema of a strict typed key (its bounds, its words); null
+    is added by ``_nullable`` like any key's."""
+    annotation: Any = f.annotation
+    if get_origin(annotation) in (Union, UnionType):
+        [annotation] = [a for a in get_args(annotation) if a is not type(None)]
+    if f.metadata:
+        annotation = Annotated[annotation, *f.metadata]
+    return TypeAdapter(annotation).json_schema()
 
 
 def _described(schema: JsonSchema, f: FieldInfo) -> JsonSchema:
@@ -84,7 +97,10 @@ def _described(schema: JsonSchema, f: FieldInfo) -> JsonSchema:
 
 def _nullable(schema: JsonSchema) -> JsonSchema:
     if "enum" in schema:
-        return {**schema, "enum": [*schema["enum"], None]}
+        nullable = {**schema, "enum": [*schema["enum"], None]}
+        if "type" in schema:
+            nullable["type"] = [schema["type"], "null"]
+        return nullable
     kind = schema.get("type")
     if isinstance(kind, str) and "pattern" not in schema and "allOf" not in schema:
         return {**schema, "type": [kind, "null"]}

@@ -18,25 +18,31 @@ from __future__ import annotations
 from typing import Annotated, Final, Literal, Self, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 
 from dispatcher.config import durations, values
 from dispatcher.config.filter_tree import FilterEntry
 from dispatcher.config.redaction import show
 from dispatcher.config.urls import amqp_urls, http_url, redis_url
 from dispatcher.config.validation import (
-    BOOLEAN,
     FILE,
     Accepts,
     attributes_schema,
     checked,
     choice,
     duration,
-    integer,
-    number,
     refuse,
     size,
-    text,
     url_list,
 )
 from dispatcher.config.validation import url as url_of
@@ -59,9 +65,11 @@ UNACKED_MAX: Final = 15 * 60.0
 _POSITIVE_DURATION: Final = duration(durations.positive_duration, 0, positive=True)
 _DURATION: Final = duration(durations.parse_duration, 0)
 _HTTP_URL: Final = url_of(http_url, "http", "https")
-_TEXT: Final = text()
 # The prefetch count is an AMQP short (and 0 would mean "unlimited").
-_AMQP_SHORT: Final = integer(1, 65535)
+AmqpShort = Annotated[int, Strict(), Field(ge=1, le=65535)]
+NonEmptyText = Annotated[str, Strict(), Field(min_length=1)]
+# At most 255 bytes (the AMQP 0-9-1 shortstr limit): bytes, which pydantic does not count.
+_QUEUE: Final = Accepts(values.queue_name, {"type": "string", "minLength": 1, "maxLength": 255})
 
 
 class Section(BaseModel):
@@ -122,7 +130,7 @@ class BrokerSettings(Section):
     heartbeat: Annotated[float, duration(durations.heartbeat, 1, maximum=65535)] = Field(
         default=20.0, description="AMQP heartbeat: a silent connection is dropped after 2 of them"
     )
-    connection_name: Annotated[str, text(non_empty=True)] = Field(
+    connection_name: NonEmptyText = Field(
         default="dispatcher", description="Shown in the management UI"
     )
     tls: TlsSettings = Field(default_factory=TlsSettings)
@@ -177,7 +185,7 @@ class ShutdownSettings(Section):
 
 
 # What LOG_LEVEL=warn means everywhere else.
-_LOG_LEVEL: Final = choice(get_args(LogLevel), lower=True, aliases={"warn": "warning"})
+_LOG_LEVEL: Final = choice(get_args(LogLevel), aliases={"warn": "warning"})
 
 
 class LoggingSettings(Section):
@@ -186,7 +194,7 @@ class LoggingSettings(Section):
     level: Annotated[LogLevel, _LOG_LEVEL] = Field(
         default="info", description="debug, info, warning (or warn) or error; any case"
     )
-    format: Annotated[LogFormat, choice(get_args(LogFormat), lower=True)] = Field(
+    format: Annotated[LogFormat, choice(get_args(LogFormat))] = Field(
         default="json", description="json (one object per line) or console"
     )
 
@@ -196,7 +204,7 @@ class TracingSettings(Section):
     override these (``otel``), and the exporter reads the rest of them
     itself (headers, resource attributes, a signal-specific endpoint)."""
 
-    enabled: Annotated[bool, BOOLEAN] = Field(
+    enabled: StrictBool = Field(
         default=False, description="Export a span per delivery, per HTTP attempt and per publish"
     )
     endpoint: Annotated[str, _HTTP_URL] = Field(
@@ -204,11 +212,11 @@ class TracingSettings(Section):
         description="The collector's base URL: /v1/traces is appended, "
         "as for OTEL_EXPORTER_OTLP_ENDPOINT",
     )
-    sample_ratio: Annotated[float, number(0.0, 1.0)] = Field(
+    sample_ratio: Annotated[float, Strict(), AllowInfNan(False), Field(ge=0.0, le=1.0)] = Field(
         default=1.0,
         description="Parent-based: a sampled parent is always followed, one that is not never",
     )
-    service_name: Annotated[str, text(non_empty=True)] = Field(
+    service_name: NonEmptyText = Field(
         default="dispatcher", description="service.name of the spans (OTEL_SERVICE_NAME wins)"
     )
 
@@ -220,16 +228,14 @@ class TracingSettings(Section):
 class DeclareSettings(Section):
     """Declare the queue at start (unset: it must exist)."""
 
-    durable: Annotated[bool, BOOLEAN] = Field(
+    durable: StrictBool = Field(
         default=True, description="Survives a broker restart (quorum queues must be)"
     )
-    type: Annotated[QueueType, choice(get_args(QueueType))] = Field(
-        default="classic", description="classic or quorum"
-    )
-    dead_letter_exchange: Annotated[str | None, _TEXT] = Field(
+    type: QueueType = Field(default="classic", description="classic or quorum")
+    dead_letter_exchange: StrictStr | None = Field(
         default=None, description="The queue's x-dead-letter-exchange"
     )
-    delivery_limit: Annotated[int | None, integer(1)] = Field(
+    delivery_limit: Annotated[int, Strict(), Field(ge=1)] | None = Field(
         default=None, description="Quorum queues: redeliveries before the broker dead-letters"
     )
 
@@ -256,13 +262,16 @@ _STATUS_OR_CLASS: Final = {
 }
 
 
+RequestsPerSecond = Annotated[float, Strict(), AllowInfNan(False), Field(gt=0.0, le=1_000_000.0)]
+
+
 class DeliverySettings(Section):
     """Attempts, timeouts and retry waits of one delivery."""
 
-    retry: Annotated[int, integer(0)] = Field(
+    retry: Annotated[int, Strict(), Field(ge=0)] = Field(
         default=5, description="Retries after the first attempt"
     )
-    backoff_policy: Annotated[BackoffPolicy, choice(get_args(BackoffPolicy))] = Field(
+    backoff_policy: BackoffPolicy = Field(
         default="exponential", description="exponential (d, 2d, 4d...) or linear (d, 2d, 3d...)"
     )
     # 0 would requeue a refused message straight back, in a hot loop.
@@ -279,7 +288,7 @@ class DeliverySettings(Section):
     ] = Field(
         default=DEFAULT_RETRY_ON, description="Statuses (404) and classes (5xx) that are retried"
     )
-    rate_limit: Annotated[float | None, number(0.0, 1_000_000.0, low_open=True)] = Field(
+    rate_limit: RequestsPerSecond | None = Field(
         default=None, description="Requests per second to the subscriber, retries included"
     )
 
@@ -293,10 +302,10 @@ class DeliverySettings(Section):
 class CircuitBreakerSettings(Section):
     """When the subscriber is failing, stop taking messages (``dispatcher.breaker``)."""
 
-    failure_ratio: Annotated[float, number(0.0, 1.0, low_open=True)] = Field(
+    failure_ratio: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0.0, le=1.0)] = Field(
         default=0.5, description="Opens when this share of attempts in the window failed"
     )
-    min_attempts: Annotated[int, integer(1)] = Field(
+    min_attempts: Annotated[int, Strict(), Field(ge=1)] = Field(
         default=20, description="and at least this many attempts were made in it"
     )
     window: Annotated[float, _POSITIVE_DURATION] = Field(
@@ -323,12 +332,10 @@ class DeadLetterSettings(Section):
     sink: Annotated[str | None, _HTTP_URL] = Field(
         default=None, description="An http(s) URL that receives what cannot be delivered"
     )
-    exchange: Annotated[str | None, _TEXT] = Field(
+    exchange: StrictStr | None = Field(
         default=None, description='Or an exchange it is published to ("": the default exchange)'
     )
-    routing_key: Annotated[str, _TEXT] = Field(
-        default="", description="The routing key of that publish"
-    )
+    routing_key: StrictStr = Field(default="", description="The routing key of that publish")
 
 
 class ReplySettings(Section):
@@ -337,13 +344,11 @@ class ReplySettings(Section):
 
     # ``exchange: ""`` is the AMQP default exchange (routing key = queue name),
     # which is a real target, so only ``None`` means "no exchange".
-    exchange: Annotated[str | None, _TEXT] = Field(
+    exchange: StrictStr | None = Field(
         default=None,
         description='The reply is published to this exchange ("": the default one)',
     )
-    routing_key: Annotated[str, _TEXT] = Field(
-        default="", description="The routing key of that publish"
-    )
+    routing_key: StrictStr = Field(default="", description="The routing key of that publish")
     url: Annotated[str | None, _HTTP_URL] = Field(
         default=None, description="Or POSTed to this http(s) URL"
     )
@@ -405,27 +410,23 @@ class BindingSettings(Section):
         ),
     ] = Field(description="Names the binding in metrics and logs: 1-64 of A-Z a-z 0-9 _ . -")
     # At most 255 bytes: the AMQP 0-9-1 shortstr limit.
-    queue: Annotated[str, text(non_empty=True, max_bytes=255)] = Field(
-        description="The queue to consume"
-    )
+    queue: Annotated[str, _QUEUE] = Field(description="The queue to consume")
     declare: DeclareSettings | None = None
     subscriber: Annotated[str, _HTTP_URL] = Field(
         description="Where each event is POSTed: an http(s) URL"
     )
-    content_mode: Annotated[ContentMode, choice(get_args(ContentMode))] = Field(
+    content_mode: ContentMode = Field(
         default="binary",
         description="CloudEvents HTTP mode: binary (ce- headers) or structured (JSON body)",
     )
     tls: TlsSettings = Field(default_factory=TlsSettings)
-    parallelism: Annotated[int, _AMQP_SHORT] = Field(
-        default=10, description="Deliveries in flight at once"
-    )
-    prefetch: Annotated[int | None, _AMQP_SHORT] = Field(
+    parallelism: AmqpShort = Field(default=10, description="Deliveries in flight at once")
+    prefetch: AmqpShort | None = Field(
         default=None,
         description="Messages held unacked (running and waiting for a slot); unset: parallelism",
     )
     # With more than one message in flight a retry would overtake its successors.
-    ordered: Annotated[bool, BOOLEAN] = Field(
+    ordered: StrictBool = Field(
         default=False, description="One message at a time, whatever parallelism says"
     )
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
@@ -449,7 +450,7 @@ class BindingSettings(Section):
     )
     dead_letter: DeadLetterSettings = Field(default_factory=DeadLetterSettings)
     reply: ReplySettings = Field(default_factory=ReplySettings)
-    non_cloudevent: Annotated[NonCloudEvent, choice(get_args(NonCloudEvent))] = Field(
+    non_cloudevent: NonCloudEvent = Field(
         default="wrap",
         description="A message that is not a CloudEvent: wrap it in one, or dead_letter it",
     )

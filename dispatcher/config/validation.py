@@ -14,8 +14,11 @@ yet, so they are called with ``HERE`` as the key and whatever they append to it
 prefixes pydantic's location. ``refuse`` is the same for the checks that span
 a section's fields.
 
-The constructors below (``text``, ``duration``...) build a marker from one
-description of the key.
+The constructors below (``duration``, ``url``...) build a marker from one
+description of the key. Keys that are plain typed values (a boolean, a
+bounded integer or number, a string, one of a few words) need no marker:
+their field is a strict pydantic type with its bounds, and ``problems``
+words pydantic's errors about them as ours always read.
 """
 
 from __future__ import annotations
@@ -88,34 +91,7 @@ class Accepts:
 # Constructors: the parser and its schema from one description
 # --------------------------------------------------------------------------
 
-BOOLEAN: Final = Accepts(values.boolean, {"type": "boolean"})
 FILE: Final = Accepts(values.existing_file, {"type": "string", "minLength": 1})
-
-
-def text(*, non_empty: bool = False, max_bytes: int | None = None) -> Accepts:
-    schema: JsonSchema = {"type": "string"}
-    parse: Callable[[object, str], str] = values.non_empty_string if non_empty else values.string
-    if non_empty:
-        schema["minLength"] = 1
-    if max_bytes is not None:
-        schema["maxLength"] = max_bytes  # characters <= bytes: never refuses a valid name
-        parse = values.queue_name  # the AMQP limit, in bytes
-    return Accepts(parse, schema)
-
-
-def integer(minimum: int, maximum: int | None = None) -> Accepts:
-    if maximum is None:
-        return Accepts(values.int_at_least(minimum), {"type": "integer", "minimum": minimum})
-    schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
-    return Accepts(values.int_between(minimum, maximum), schema)
-
-
-def number(low: float, high: float | None = None, *, low_open: bool = False) -> Accepts:
-    schema: JsonSchema = {"type": "number"}
-    schema["exclusiveMinimum" if low_open else "minimum"] = low
-    if high is not None:
-        schema["maximum"] = high
-    return Accepts(values.number_in(low, high, low_open=low_open), schema, render="number")
 
 
 def any_case(word: str) -> str:
@@ -123,13 +99,11 @@ def any_case(word: str) -> str:
     return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
 
 
-def choice(
-    options: tuple[str, ...], *, lower: bool = False, aliases: Mapping[str, str] | None = None
-) -> Accepts:
-    parse = values.choice(options, lower=lower, aliases=aliases)
+def choice(options: tuple[str, ...], *, aliases: Mapping[str, str] | None = None) -> Accepts:
+    """One of ``options`` in any case (``LOG_LEVEL=DEBUG``), or an alias of one. A
+    key whose words must be written as they are is a ``Literal`` type instead."""
+    parse = values.choice(options, lower=True, aliases=aliases)
     words = [*options, *(aliases or {})]
-    if not lower:
-        return Accepts(parse, {"enum": words})
     pattern = f"^({'|'.join(map(any_case, words))})$"
     return Accepts(parse, {"type": "string", "pattern": pattern})
 

@@ -1,14 +1,14 @@
 """Scalar parsers: ``(value, key) -> typed value``, or a ``ConfigError`` naming ``key``.
 
-Each reads one value as YAML (or an environment variable) gave it: strings,
-booleans, integers, closed choices, sizes, names, files, the listen address,
-extra headers, ``retry_on`` and event filters. Durations are in ``durations``,
-URLs in ``urls``. ``rules`` says which key is read with which parser.
+Each reads one value of our own kinds as YAML (or an environment variable)
+gave it: words in any case, sizes, names, files, the listen address, extra
+headers, ``retry_on`` and event filters. Durations are in ``durations``, URLs
+in ``urls``. A key's ``Accepts`` marker (``settings``) names its parser; plain
+booleans, numbers and words are pydantic's strict types.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -39,61 +39,6 @@ def non_empty_string(value: object, key: str) -> str:
     if not text:
         raise ConfigError(key, "must not be empty")
     return text
-
-
-def boolean(value: object, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(key, f"must be a boolean (true or false), got {show(value)}")
-    return value
-
-
-def integer(value: object, key: str) -> int:
-    # bool is an int subclass in Python, but `parallelism: true` is a mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(key, f"must be an integer, got {show(value)}")
-    return value
-
-
-def int_at_least(minimum: int) -> Callable[[object, str], int]:
-    def parse(value: object, key: str) -> int:
-        number = integer(value, key)
-        if number < minimum:
-            raise ConfigError(key, f"must be >= {minimum}")
-        return number
-
-    return parse
-
-
-def int_between(low: int, high: int) -> Callable[[object, str], int]:
-    def parse(value: object, key: str) -> int:
-        number = integer(value, key)
-        if not low <= number <= high:
-            raise ConfigError(key, f"must be between {low} and {high}")
-        return number
-
-    return parse
-
-
-def number_in(low: float, high: float | None, *, low_open: bool) -> Callable[[object, str], float]:
-    """A number (an integer is one) above ``low`` (or at it, unless ``low_open``),
-    at most ``high``."""
-
-    def parse(value: object, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(key, f"must be a number, got {show(value)}")
-        try:
-            number = float(value)
-        except OverflowError:  # an integer beyond any float
-            number = math.inf
-        if not math.isfinite(number):
-            raise ConfigError(key, "must be a finite number")
-        if number < low or (low_open and number == low):
-            raise ConfigError(key, f"must be {'>' if low_open else '>='} {low:g}")
-        if high is not None and number > high:
-            raise ConfigError(key, f"must be <= {high:g}")
-        return number
-
-    return parse
 
 
 Word = TypeVar("Word", bound=str)
