@@ -5,7 +5,9 @@ Each command runs as users run it (a fresh process, Spark on local[*]), so wall
 times include JVM start-up; the replay's own job time (``counts.json``) is
 shown beside it. The baselines publish the same archived events from one
 process: pika's ``BlockingChannel`` with a confirm per message (as usually
-written), and ``ConfirmedPublisher`` alone (replay's publisher without Spark).
+written), and ``ConfirmedPublisher`` alone (replay's publisher without Spark);
+the last row is the broker's confirm rate with one publishing process per
+replay partition, the ceiling replay is compared with.
 Results are checked, not assumed: the report's record count, and every
 replayed id in the queue exactly once.
 
@@ -178,6 +180,32 @@ def bench_single_process(made: list[Event], pipelined: bool) -> dict[str, float]
     return {"seconds": elapsed, "per_second": len(made) / elapsed}
 
 
+_SLICES: list[list[Outgoing]] = []  # set before the fork: each child publishes one
+
+
+def _publish_slice(index: int, queue: str) -> int:
+    result = ConfirmedPublisher([pika.URLParameters(URL)], "", queue).publish(_SLICES[index])
+    return result.published
+
+
+def bench_broker_alone(made: list[Event], publishers: int) -> dict[str, float]:
+    """The broker's confirm rate with as many publishers as replay has partitions,
+    each a process of its own with ``ConfirmedPublisher`` (window 1,000) and its
+    messages built before the clock starts: the ceiling replay can approach."""
+    import multiprocessing
+
+    queue = fresh_queue()
+    messages = outgoing(made)
+    _SLICES[:] = [messages[i::publishers] for i in range(publishers)]
+    with multiprocessing.get_context("fork").Pool(publishers) as pool:
+        started = time.perf_counter()
+        published = sum(pool.starmap(_publish_slice, [(i, queue) for i in range(publishers)]))
+        elapsed = time.perf_counter() - started
+    assert published == len(messages), published
+    check_and_delete(queue, len(made))
+    return {"seconds": elapsed, "per_second": len(made) / elapsed}
+
+
 # --------------------------------------------------------------------- table
 
 
@@ -207,10 +235,12 @@ def main() -> None:
         replay: list[dict[str, float]] = []
         sync: list[dict[str, float]] = []
         pipelined: list[dict[str, float]] = []
-        for _ in range(args.repeat):  # interleaved: A B C A B C
+        alone: list[dict[str, float]] = []
+        for _ in range(args.repeat):  # interleaved: A B C D A B C D
             replay.append(bench_replay(folder, folder / "archive", args.events))
             sync.append(bench_single_process(made, pipelined=False))
             pipelined.append(bench_single_process(made, pipelined=True))
+            alone.append(bench_broker_alone(made, int(replay[-1]["partitions"])))
     lines = int(report[0]["lines"])
     rows.append(
         (f"`dispatcher report` ({lines:,} lines, 8 files, half gzip)",
@@ -237,6 +267,12 @@ def main() -> None:
         ("one process, `ConfirmedPublisher` (window 1,000), no Spark",
          cell([r["seconds"] for r in pipelined], ".1f"),
          cell([r["per_second"] for r in pipelined], ",.0f") + " events/s")
+    )  # fmt: skip
+    rows.append(
+        (f"the broker alone: {int(replay[0]['partitions'])} processes (one per replay "
+         "partition), `ConfirmedPublisher` each, messages built before the clock",
+         cell([r["seconds"] for r in alone], ".1f"),
+         cell([r["per_second"] for r in alone], ",.0f") + " events/s")
     )  # fmt: skip
     print(f"\n{os.cpu_count()} CPUs, broker at {URL.split('@')[-1]}, repeat {args.repeat}\n")
     print("| run | wall s | rate |\n|---|---|---|")
