@@ -34,9 +34,9 @@ The modules, from the data up:
 ``advice``
     Valid settings that are probably a mistake (no dead-letter target), which
     ``check`` and ``run`` both say.
-``schema``
-    The Helm chart's JSON Schema, generated from the models
-    (``python -m dispatcher.config.schema``).
+``schema``, ``reference``, ``generated``
+    The Helm chart's JSON Schema and ``docs/configuration-keys.md``, generated
+    from the models (``make schema``), and how such a file is refreshed.
 
 The names below are the package's interface; the rest is for its modules.
 """

@@ -20,6 +20,7 @@ from typing import Final, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from dispatcher.config.generated import refresh
 from dispatcher.config.problems import section_in
 from dispatcher.config.render import rendered_default
 from dispatcher.config.settings import Settings
@@ -78,16 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--page", type=Path, default=PAGE)
     parser.add_argument("--check", action="store_true", help="exit 1 when out of date")
     args = parser.parse_args(argv)
-    path: Path = args.page
-    wanted = page()
-    if path.exists() and path.read_text(encoding="utf-8") == wanted:
-        return 0
-    if args.check:
-        print(f"{path} is out of date: run {REGENERATE}", file=sys.stderr)
-        return 1
-    path.write_text(wanted, encoding="utf-8")
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return refresh(args.page, page(), check=args.check, regenerate=REGENERATE)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Final, Union, get_args, get_origin
 from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
+from dispatcher.config.generated import refresh
 from dispatcher.config.problems import section_in
 from dispatcher.config.settings import FILTER_REF, Settings
 from dispatcher.config.validation import Accepts, JsonSchema, filter_entry_schema
@@ -201,16 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     path: Path = args.chart_schema
-    text = path.read_text(encoding="utf-8")
-    wanted = render(chart_values_schema(json.loads(text)))
-    if text == wanted:
-        return 0
-    if args.check:
-        print(f"{path} is out of date: run {REGENERATE}", file=sys.stderr)
-        return 1
-    path.write_text(wanted, encoding="utf-8")
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    wanted = render(chart_values_schema(json.loads(path.read_text(encoding="utf-8"))))
+    return refresh(path, wanted, check=args.check, regenerate=REGENERATE)
 
 
 if __name__ == "__main__":
