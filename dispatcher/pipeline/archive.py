@@ -66,6 +66,7 @@ from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError
 from dispatcher.events import AmqpMessage, Event, Unreadable
 from dispatcher.pipeline import records
 from dispatcher.pipeline.archive_files import os_reason, prepare_out, write_batch
+from dispatcher.pipeline.progress import Progress
 
 # A partial batch is written once its oldest message has waited this long.
 FLUSH_INTERVAL: Final = 1.0
@@ -160,18 +161,22 @@ def archive(
     flush_interval: float = FLUSH_INTERVAL,
     clock: Callable[[], float] = time.monotonic,
     now: Callable[[], dt.datetime] = _utc_now,
+    progress: Callable[[int], None] | None = None,
 ) -> ArchiveResult:
     """Drain ``queue`` into ``out`` until a stop condition; ``BatchFailed`` if it cannot.
 
     Stops after ``max_events`` archived, after ``idle_exit`` seconds without a
     message, or when ``stop`` is set; the batch in hand is written first.
+    ``progress`` hears the archived count after each batch.
     """
     if not queue:
         raise BatchInputError("--queue: must not be empty")
     if batch_size < 1 or (max_events is not None and max_events < 1):
         raise ValueError("batch_size and max_events must be >= 1")
     limits = _Limits(max_events, idle_exit, batch_size, flush_interval)
-    return _Run(queue, Path(out), broker, limits, stop or threading.Event(), clock, now).run()
+    run = _Run(queue, Path(out), broker, limits, stop or threading.Event(), clock, now)
+    run.progress = progress or (lambda _archived: None)
+    return run.run()
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +211,7 @@ class _Run:
         self.now = now
         self.archived = 0
         self.files = 0
+        self.progress: Callable[[int], None] = lambda _archived: None
 
     def run(self) -> ArchiveResult:
         prepare_out(self.out)
@@ -313,6 +319,7 @@ class _Run:
         # Only now is every message of the batch durable: settle each on its own.
         for tag in batch.tags:
             channel.basic_ack(delivery_tag=tag)
+        self.progress(self.archived)
 
     def _broker_error(self, error: pika.exceptions.AMQPError) -> DispatcherError:
         code = getattr(error, "reply_code", None)
@@ -354,15 +361,20 @@ def _close(connection: Any) -> None:
 
 def command(args: argparse.Namespace, broker: BrokerSettings, stop: threading.Event) -> str:
     """``dispatcher archive`` inside the commands' frame (``dispatcher.cli``): the summary."""
-    result = archive(
-        args.queue,
-        args.out,
-        broker,
-        max_events=args.max_events,
-        idle_exit=args.idle_exit,
-        batch_size=args.batch_size,
-        stop=stop,
-    )
+    shown = Progress()
+    try:
+        result = archive(
+            args.queue,
+            args.out,
+            broker,
+            max_events=args.max_events,
+            idle_exit=args.idle_exit,
+            batch_size=args.batch_size,
+            stop=stop,
+            progress=lambda archived: shown.show(archived, "events", "archived"),
+        )
+    finally:
+        shown.close()
     return summary(result, args.out, args.queue)
 
 

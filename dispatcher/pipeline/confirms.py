@@ -88,7 +88,10 @@ class ConfirmedPublisher:
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        on_progress: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_progress`` hears the published count after each confirm (replay's
+        progress on a terminal)."""
         if not nodes:
             raise ValueError("a publisher needs at least one node")
         self._rotation = Rotation(
@@ -118,6 +121,7 @@ class ConfirmedPublisher:
         self._next_slot = 0.0
         self._pump_scheduled = False
         self._source_error: Exception | None = None
+        self._on_progress = on_progress
 
     # ----------------------------------------------------------------- the loop
 
@@ -239,6 +243,8 @@ class ConfirmedPublisher:
                 self.result.published += 1
             else:
                 self.result.fail(record, error)
+        if self._on_progress is not None:
+            self._on_progress(self.result.published)
         self._pump()
 
 

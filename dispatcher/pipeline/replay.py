@@ -51,7 +51,7 @@ from dispatcher.broker.params import connect_blocking, nodes, redacted_urls
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed, BatchInputError, EventError
 from dispatcher.events import Event
-from dispatcher.pipeline import records
+from dispatcher.pipeline import progress, records
 from dispatcher.pipeline import spark as spark_session
 from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
 
@@ -109,11 +109,34 @@ def command(args: argparse.Namespace, broker: BrokerSettings, _stop: threading.E
     options = _options(args)
     check_exchange(broker, options.exchange)
     with spark_session.session("replay") as spark:
-        counts = replay(spark, broker, options)
+        counts = _replay_showing_progress(spark, broker, options)
     line = _summary_line(counts, options)
     if counts.failed:
         raise BatchFailed(f"{counts.failed} events were not published", summary=line)
     return line
+
+
+def _replay_showing_progress(
+    spark: SparkSession, broker: BrokerSettings, options: ReplayOptions
+) -> Counts:
+    """``replay`` with its progress on a terminal: megabytes read, then events
+    published (the partitions' publishers report their counts to the driver)."""
+    shown = progress.Progress()
+    if not shown.enabled:
+        return replay(spark, broker, options)
+    host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
+    published = progress.PublishedCounts(host)
+    read = progress.bytes_read(spark)
+
+    def now() -> tuple[float, str, str]:
+        total = published.total()
+        return (total, "events", "published") if total else read()
+
+    try:
+        with shown.polling(now):
+            return replay(spark, broker, options, progress_to=published.address)
+    finally:
+        published.close()
 
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
@@ -186,7 +209,14 @@ def _summary_line(counts: Counts, options: ReplayOptions) -> str:
 # --------------------------------------------------------------------- the job
 
 
-def replay(spark: SparkSession, broker: BrokerSettings, options: ReplayOptions) -> Counts:
+def replay(
+    spark: SparkSession,
+    broker: BrokerSettings,
+    options: ReplayOptions,
+    progress_to: tuple[str, int] | None = None,
+) -> Counts:
+    """The job; ``progress_to``: where the partitions send their published counts
+    (``progress.PublishedCounts``), when the driver shows progress."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -212,7 +242,7 @@ def replay(spark: SparkSession, broker: BrokerSettings, options: ReplayOptions) 
         )
         chosen = parsed.where(selected).dropDuplicates(["source", "id"])
         partitions = options.partitions or spark.sparkContext.defaultParallelism
-        results = publish(chosen, partitions, broker, options)
+        results = publish(chosen, partitions, broker, options, progress_to)
     finally:
         parsed.unpersist()
     selected_count = sum(r.published + r.failed for r in results)
@@ -294,7 +324,11 @@ def _selection(options: ReplayOptions) -> Any:
 
 
 def publish(
-    chosen: DataFrame, partitions: int, broker: BrokerSettings, options: ReplayOptions
+    chosen: DataFrame,
+    partitions: int,
+    broker: BrokerSettings,
+    options: ReplayOptions,
+    progress_to: tuple[str, int] | None = None,
 ) -> list[PublishResult]:
     exchange, routing_key = options.exchange, options.routing_key
     rate = options.rate / partitions if options.rate else None
@@ -302,8 +336,14 @@ def publish(
     def publish_partition(index: int, rows: Iterable[Any]) -> Iterator[PublishResult]:
         # Runs on an executor: one connection at a time for the whole partition.
         candidates = [node.parameters for node in nodes(broker, f"replay-{index}")]
-        publisher = ConfirmedPublisher(candidates, exchange, routing_key, rate=rate)
-        yield publisher.publish(_outgoing(row) for row in rows)
+        sender = None if progress_to is None else progress.PublishedSender(progress_to, index)
+        publisher = ConfirmedPublisher(
+            candidates, exchange, routing_key, rate=rate, on_progress=sender
+        )
+        result = publisher.publish(_outgoing(row) for row in rows)
+        if sender is not None:
+            sender(result.published, last=True)
+        yield result
 
     ordered = (
         chosen.select("source", "id", "instant_us", "headers", "content_type", "body", "archived")

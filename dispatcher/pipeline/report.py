@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher.errors import BatchInputError
-from dispatcher.pipeline import chart
+from dispatcher.pipeline import chart, progress
 from dispatcher.pipeline import spark as spark_session
 
 if TYPE_CHECKING:
@@ -91,8 +91,10 @@ def command(args: argparse.Namespace, _broker: object, _stop: threading.Event) -
     out = _output_folder(args.out)
     with spark_session.session("report") as spark:
         paths = _input_paths(spark, args.logs)
-        report = build(spark, paths)
-        write(spark, report, out, args.logs)
+        read = progress.bytes_read(spark)
+        with progress.Progress().polling(read):
+            report = build(spark, paths)
+            write(spark, report, out, args.logs)
     return (
         f"read {report.lines} lines: {report.records} delivery records, skipped "
         f"{report.skipped} ({report.not_delivery} not delivery records, "

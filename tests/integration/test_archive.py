@@ -26,11 +26,13 @@ from dispatcher.errors import BatchFailed
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.pipeline import records
 from dispatcher.pipeline.archive import ArchiveResult, archive
+from dispatcher.pipeline.progress import ERASE
 from tests.support import broker
 from tests.support.broker import event_headers, publish
 from tests.support.process import child_env
 from tests.support.proxy import FaultProxy
 from tests.support.raw_amqp import RawPublisher, properties, table, timestamp
+from tests.support.terminal import run_on_terminal
 
 pytestmark = pytest.mark.broker
 
@@ -395,7 +397,25 @@ def test_the_command_prints_a_summary_and_exits_0(queue, tmp_path):
 
     assert code == 0, stderr
     assert stdout.splitlines()[-1] == f"archived 2 events into 1 file under {out} (queue {queue})"
+    assert "\r" not in stdout  # not a terminal: no progress line, the summary alone
     assert sorted(event.id for _, event in read_archive(out)) == ["a", "b"]
+
+
+def test_on_a_terminal_progress_is_shown_then_erased_before_the_summary(queue, tmp_path):
+    fill(queue, [f"t{i}" for i in range(3000)])
+    out = tmp_path / "archive"
+    code, screen = run_on_terminal(
+        [sys.executable, "-m", "dispatcher", "archive", "--queue", queue, "--out", str(out),
+         "--batch-size", "100", "--idle-exit", "500ms"],
+        cwd=ROOT, env=child_env({"RABBITMQ_URL": broker.URL}), stderr=tmp_path / "stderr",
+        timeout=60,
+    )  # fmt: skip
+    assert code == 0, (tmp_path / "stderr").read_text()
+    progress, _, summary = screen.rpartition(ERASE)
+    # The first batch is drawn at once; each line says count, rate and time.
+    assert re.search(r"[0-9,]+ events archived, [0-9,]+ events/s, 0:[0-9]{2}", progress)
+    found = SUMMARY.fullmatch(summary.rstrip("\n"))
+    assert found and int(found[1]) == 3000, summary
 
 
 def test_the_command_logs_as_the_config_file_says(queue, tmp_path):
