@@ -125,7 +125,11 @@ def _replay_showing_progress(
     if not shown.enabled:
         return replay(spark, broker, options)
     host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
-    published = progress.PublishedCounts(host)
+    try:
+        published = progress.PublishedCounts(host)
+    except OSError:  # no socket for it here: megabytes read alone
+        with shown.polling(progress.bytes_read(spark)):
+            return replay(spark, broker, options)
     read = progress.bytes_read(spark)
 
     def now() -> tuple[float, str, str]:
