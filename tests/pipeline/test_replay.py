@@ -141,6 +141,43 @@ def test_replays_every_event_once_in_the_form_the_service_reads(
     assert all(r["reason"] and r["file"].endswith((".jsonl", ".jsonl.gz")) for r in rejects)
 
 
+def test_a_json_event_the_service_would_refuse_is_a_reject_with_the_services_reason(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    # JSON objects with every required attribute, read as the service reads an
+    # event: a bad time, bad base64, a bad extension name. Never published.
+    exchange, queue = target
+    made = make_events(10)
+    good = [records.to_line(e, ARCHIVED_AT) for e in made]
+    invalid = [
+        b'{"specversion":"1.0","id":"t","source":"/s","type":"t","time":"yesterday"}',
+        b'{"specversion":"1.0","id":"b","source":"/s","type":"t","data_base64":"***"}',
+        b'{"specversion":"1.0","id":"x","source":"/s","type":"t","bad-name":"1"}',
+    ]
+    day = tmp_path / "archive" / "date=2026-11-20"
+    day.mkdir(parents=True)
+    (day / "part-a.jsonl").write_bytes(b"\n".join([*good, good[0], *invalid, JUNK[0]]) + b"\n")
+    code, _out, err = run_replay(
+        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
+         "--routing-key", "replayed", "--out", str(tmp_path / "out")],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert sorted(e.key for e, _ in received(queue)) == sorted(e.key for e in made)
+    counts = json.loads((tmp_path / "out" / "counts.json").read_text())
+    assert (counts["lines"], counts["published"], counts["skipped_duplicate"]) == (15, 10, 1)
+    assert counts["malformed"] == len(invalid) + 1
+    rejects = {
+        json.loads(line)["line"]: json.loads(line)["reason"]
+        for path in (tmp_path / "out" / "rejects").glob("*.json")
+        for line in path.read_text().splitlines()
+    }
+    assert rejects.keys() == {line.decode() for line in [*invalid, JUNK[0]]}
+    assert "RFC 3339" in rejects[invalid[0].decode()]
+    assert "base64" in rejects[invalid[1].decode()]
+    assert rejects[JUNK[0].decode()].startswith("not JSON")
+
+
 def test_filters_select_by_type_source_and_time_range(
     spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
 ) -> None:
