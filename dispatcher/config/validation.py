@@ -102,7 +102,7 @@ def any_case(word: str) -> str:
 def choice(options: tuple[str, ...], *, aliases: Mapping[str, str] | None = None) -> Accepts:
     """One of ``options`` in any case (``LOG_LEVEL=DEBUG``), or an alias of one. A
     key whose words must be written as they are is a ``Literal`` type instead."""
-    parse = values.choice(options, lower=True, aliases=aliases)
+    parse = values.choice(options, aliases=aliases)
     words = [*options, *(aliases or {})]
     pattern = f"^({'|'.join(map(any_case, words))})$"
     return Accepts(parse, {"type": "string", "pattern": pattern})

@@ -45,14 +45,14 @@ Word = TypeVar("Word", bound=str)
 
 
 def choice(
-    options: tuple[Word, ...], *, lower: bool = False, aliases: Mapping[str, Word] | None = None
+    options: tuple[Word, ...], *, aliases: Mapping[str, Word] | None = None
 ) -> Callable[[object, str], Word]:
-    """One of ``options`` (a ``Literal``'s words), compared in lower case when
-    ``lower``; an alias stands for the option it maps to."""
+    """One of ``options`` (a ``Literal``'s words) in any case; an alias stands for
+    the option it maps to."""
 
     def parse(value: object, key: str) -> Word:
         if isinstance(value, str):
-            text = value.lower() if lower else value
+            text = value.lower()
             text = aliases.get(text, text) if aliases else text
             for option in options:
                 if text == option:
