@@ -6,9 +6,9 @@ parsers' problems (``validation``) come with their words and the part of the
 key they add (``[2]``, ``.Authorization``); pydantic's own are a missing key
 (``required``) and an unknown one (the section's keys listed). A key whose
 value came from an environment variable is named by the variable: the user has
-to fix that, not the file. Input values are never echoed: the parsers show
-them redacted where they may hold a secret, and pydantic's messages are not
-used.
+to fix that, not the file. An input value appears only through ``show``
+(URL passwords redacted, long text cut, containers by kind), never as
+pydantic would echo it.
 """
 
 from __future__ import annotations
