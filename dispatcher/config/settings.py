@@ -200,9 +200,11 @@ class LoggingSettings(Section):
 
 
 class TracingSettings(Section):
-    """OpenTelemetry spans over OTLP/HTTP; the standard ``OTEL_*`` variables
-    override these (``otel``), and the exporter reads the rest of them
-    itself (headers, resource attributes, a signal-specific endpoint)."""
+    """OpenTelemetry spans over OTLP/HTTP. The standard OTEL_* variables override
+    these keys, and the exporter reads the rest of them itself (headers, resource
+    attributes, a signal-specific endpoint)."""
+
+    # ``config/otel.py`` applies the OTEL_* overrides.
 
     enabled: StrictBool = Field(
         default=False, description="Export a span per delivery, per HTTP attempt and per publish"
@@ -300,7 +302,10 @@ class DeliverySettings(Section):
 
 
 class CircuitBreakerSettings(Section):
-    """When the subscriber is failing, stop taking messages (``dispatcher.breaker``)."""
+    """When the subscriber is failing, stop taking messages and probe it until it
+    answers again, instead of dead-lettering everything."""
+
+    # ``dispatcher.breaker`` is the state machine these configure.
 
     failure_ratio: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0.0, le=1.0)] = Field(
         default=0.5, description="Opens when this share of attempts in the window failed"
@@ -366,14 +371,14 @@ class AuthSettings(Section):
     # Its token is read with the rest of what the settings name (``dispatcher.resolve``).
     bearer_token_file: Annotated[str | None, FILE] = Field(
         default=None,
-        description="Authorization: Bearer <token> on every request of the binding, "
-        "the token kept current from this file",
+        description="A file whose token every request of the binding sends as "
+        "Authorization: Bearer, read again when the file changes",
     )
 
 
 class AttributesFilter(Section):
-    """``filter``: Knative's Trigger filter. Every listed attribute equals its value;
-    ``""`` means the attribute is present, whatever its value. None listed: no filter."""
+    """Knative's Trigger filter: an event passes when every listed attribute equals
+    its value. None listed: no filter."""
 
     attributes: Annotated[
         tuple[tuple[str, str], ...],
