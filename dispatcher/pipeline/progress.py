@@ -9,7 +9,7 @@ Where the count comes from:
 
 - ``archive`` counts the events it has archived itself.
 - ``report`` and replay's reading show the input bytes Spark has read
-  (``spark_bytes_read``): Spark counts its tasks' input when each task ends,
+  (``SparkBytesRead``): Spark counts its tasks' input when each task ends,
   so the line moves a task at a time; lines are counted, exactly, in the
   summary.
 - replay's publishing: each partition's publisher sends its confirmed count
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 REDRAW_EVERY: Final = 0.25  # seconds between redraws, at most
+JOIN_BOUND: Final = 5.0  # seconds the end of a block waits for its polling thread
 # Back to the line's start, and clear it (ECMA-48 EL).
 ERASE: Final = "\r\x1b[K"
 
@@ -96,7 +97,8 @@ class Progress:
             yield
         finally:
             stop.set()
-            thread.join()
+            # Bounded: a reader stuck in the JVM must not hold the command's exit.
+            thread.join(JOIN_BOUND)
             self.close()
 
     def _write(self, text: str) -> None:
@@ -118,23 +120,33 @@ def _clock_time(seconds: float) -> str:
 # --------------------------------------------------------------------- Spark
 
 
-def spark_bytes_read(spark: SparkSession) -> int:
-    """Input bytes (files, and cached data read again) of every task Spark has
-    finished in this application, from its status store."""
-    tracker = spark.sparkContext.statusTracker()
-    store = spark.sparkContext._jsc.sc().statusStore()
-    total = 0
-    for job in tracker.getJobIdsForGroup(None):
-        info = tracker.getJobInfo(job)
-        for stage in info.stageIds if info is not None else ():
-            with contextlib.suppress(Exception):  # a stage that never ran has no attempt
-                total += int(store.lastStageAttempt(stage).inputBytes())
-    return total
+class SparkBytesRead:
+    """What ``Progress.polling`` shows while Spark reads: the input megabytes
+    (files, and cached data read again) of every task Spark has finished in
+    this application, from its status store. A stage that has ended is asked
+    once: its figure no longer changes."""
 
+    _ENDED: Final = frozenset({"COMPLETE", "SKIPPED", "FAILED"})
 
-def bytes_read(spark: SparkSession) -> Callable[[], tuple[float, str, str]]:
-    """What ``Progress.polling`` shows while Spark reads: megabytes read."""
-    return lambda: (spark_bytes_read(spark) / 1_000_000, "MB", "read")
+    def __init__(self, spark: SparkSession) -> None:
+        self._tracker = spark.sparkContext.statusTracker()
+        self._store = spark.sparkContext._jsc.sc().statusStore()
+        self._ended: dict[int, int] = {}  # stage id -> its input bytes
+
+    def __call__(self) -> tuple[float, str, str]:
+        running = 0
+        for job in self._tracker.getJobIdsForGroup(None):
+            info = self._tracker.getJobInfo(job)
+            for stage in info.stageIds if info is not None else ():
+                if stage in self._ended:
+                    continue
+                with contextlib.suppress(Exception):  # a stage that never ran has no attempt
+                    data = self._store.lastStageAttempt(stage)
+                    if str(data.status()) in self._ENDED:
+                        self._ended[stage] = int(data.inputBytes())
+                    else:
+                        running += int(data.inputBytes())
+        return (running + sum(self._ended.values())) / 1_000_000, "MB", "read"
 
 
 class PublishedCounts:
@@ -147,16 +159,18 @@ class PublishedCounts:
         self._socket.settimeout(REDRAW_EVERY)
         self.address: tuple[str, int] = self._socket.getsockname()
         self._counts: dict[int, int] = {}
+        self._lock = threading.Lock()  # the receiving thread adds partitions as they report
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._receive, name="published", daemon=True)
         self._thread.start()
 
     def total(self) -> int:
-        return sum(self._counts.values())
+        with self._lock:
+            return sum(self._counts.values())
 
     def close(self) -> None:
         self._closed.set()
-        self._thread.join()
+        self._thread.join()  # bounded: its recv times out every REDRAW_EVERY
         self._socket.close()
 
     def _receive(self) -> None:
@@ -165,14 +179,14 @@ class PublishedCounts:
                 data = self._socket.recv(64)
             except OSError:  # the timeout: look at _closed again
                 continue
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError), self._lock:
                 partition, count = (int(part) for part in data.split())
                 self._counts[partition] = max(count, self._counts.get(partition, 0))
 
 
 class PublishedSender:
     """A partition's end: its confirmed count, to ``address``, at most every
-    ``REDRAW_EVERY`` seconds (and the last one always)."""
+    ``REDRAW_EVERY`` seconds; ``close`` sends the last one and releases the socket."""
 
     def __init__(self, address: tuple[str, int], partition: int) -> None:
         self._address = address
@@ -180,12 +194,16 @@ class PublishedSender:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sent_at = 0.0
 
-    def __call__(self, published: int, *, last: bool = False) -> None:
+    def __call__(self, published: int) -> None:
         now = time.monotonic()
-        if not last and now - self._sent_at < REDRAW_EVERY:
-            return
-        self._sent_at = now
+        if now - self._sent_at >= REDRAW_EVERY:
+            self._sent_at = now
+            self._send(published)
+
+    def close(self, published: int) -> None:
+        self._send(published)
+        self._socket.close()
+
+    def _send(self, published: int) -> None:
         with contextlib.suppress(OSError):  # progress is best effort
             self._socket.sendto(f"{self._partition} {published}".encode(), self._address)
-        if last:
-            self._socket.close()

@@ -35,6 +35,7 @@ failed, 2 when the job could not start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import shutil
@@ -124,23 +125,23 @@ def _replay_showing_progress(
     shown = progress.Progress()
     if not shown.enabled:
         return replay(spark, broker, options)
+    read = progress.SparkBytesRead(spark)
     host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
-    try:
+    published: progress.PublishedCounts | None = None
+    with contextlib.suppress(OSError):  # no socket for it here: megabytes read alone
         published = progress.PublishedCounts(host)
-    except OSError:  # no socket for it here: megabytes read alone
-        with shown.polling(progress.bytes_read(spark)):
-            return replay(spark, broker, options)
-    read = progress.bytes_read(spark)
 
     def now() -> tuple[float, str, str]:
-        total = published.total()
+        total = 0 if published is None else published.total()
         return (total, "events", "published") if total else read()
 
     try:
         with shown.polling(now):
-            return replay(spark, broker, options, progress_to=published.address)
+            address = None if published is None else published.address
+            return replay(spark, broker, options, progress_to=address)
     finally:
-        published.close()
+        if published is not None:
+            published.close()
 
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
@@ -344,9 +345,11 @@ def publish(
         publisher = ConfirmedPublisher(
             candidates, exchange, routing_key, rate=rate, on_progress=sender
         )
-        result = publisher.publish(_outgoing(row) for row in rows)
-        if sender is not None:
-            sender(result.published, last=True)
+        try:
+            result = publisher.publish(_outgoing(row) for row in rows)
+        finally:
+            if sender is not None:  # the last count, and the socket released on every path
+                sender.close(publisher.result.published)
         yield result
 
     ordered = (

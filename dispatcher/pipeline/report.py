@@ -91,8 +91,7 @@ def command(args: argparse.Namespace, _broker: object, _stop: threading.Event) -
     out = _output_folder(args.out)
     with spark_session.session("report") as spark:
         paths = _input_paths(spark, args.logs)
-        read = progress.bytes_read(spark)
-        with progress.Progress().polling(read):
+        with progress.Progress().polling(progress.SparkBytesRead(spark)):
             report = build(spark, paths)
             write(spark, report, out, args.logs)
     return (

@@ -87,8 +87,8 @@ def test_partitions_report_their_published_counts_to_the_driver() -> None:
         first, second = PublishedSender(counts.address, 0), PublishedSender(counts.address, 1)
         first(10)
         first(20)  # within REDRAW_EVERY of the last: not sent
-        second(5, last=True)
-        first(30, last=True)  # the last count is always sent
+        second.close(5)
+        first.close(30)  # the last count is always sent
         deadline = time.monotonic() + 10
         while counts.total() != 35:
             assert time.monotonic() < deadline, counts.total()
