@@ -174,8 +174,7 @@ def archive(
     if batch_size < 1 or (max_events is not None and max_events < 1):
         raise ValueError("batch_size and max_events must be >= 1")
     limits = _Limits(max_events, idle_exit, batch_size, flush_interval)
-    run = _Run(queue, Path(out), broker, limits, stop or threading.Event(), clock, now)
-    run.progress = progress or (lambda _archived: None)
+    run = _Run(queue, Path(out), broker, limits, stop or threading.Event(), clock, now, progress)
     return run.run()
 
 
@@ -197,6 +196,7 @@ class _Run:
         stop: threading.Event,
         clock: Callable[[], float],
         now: Callable[[], dt.datetime],
+        progress: Callable[[int], None] | None,
     ) -> None:
         self.queue = queue
         self.out = out
@@ -211,7 +211,7 @@ class _Run:
         self.now = now
         self.archived = 0
         self.files = 0
-        self.progress: Callable[[int], None] = lambda _archived: None
+        self.progress = progress
 
     def run(self) -> ArchiveResult:
         prepare_out(self.out)
@@ -319,7 +319,8 @@ class _Run:
         # Only now is every message of the batch durable: settle each on its own.
         for tag in batch.tags:
             channel.basic_ack(delivery_tag=tag)
-        self.progress(self.archived)
+        if self.progress is not None:
+            self.progress(self.archived)
 
     def _broker_error(self, error: pika.exceptions.AMQPError) -> DispatcherError:
         code = getattr(error, "reply_code", None)
