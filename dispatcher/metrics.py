@@ -21,7 +21,7 @@ from dispatcher.seams import LOGGED_OUTCOMES
 # `_created` series double the scrape size and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-OUTCOMES = LOGGED_OUTCOMES
+
 RECONNECT_REASONS = (
     "connection_lost",
     "closed_by_broker",
@@ -213,7 +213,7 @@ class Metrics:
 
     def register_binding(self, binding: str) -> None:
         """Create every labelled child so dashboards see zeros, not gaps."""
-        for outcome in OUTCOMES:
+        for outcome in LOGGED_OUTCOMES:
             self.events.labels(binding, outcome)
         for cls in CODE_CLASSES:
             self.attempts.labels(binding, cls)
@@ -257,7 +257,7 @@ class BindingMetrics:
     """One binding's labelled metric children, for the per-message path."""
 
     def __init__(self, metrics: Metrics, binding: str) -> None:
-        self.events = {o: metrics.events.labels(binding, o) for o in OUTCOMES}
+        self.events = {o: metrics.events.labels(binding, o) for o in LOGGED_OUTCOMES}
         self.attempts = {c: metrics.attempts.labels(binding, c) for c in CODE_CLASSES}
         self.dispatch_duration = metrics.dispatch_duration.labels(binding)
         self.inflight = metrics.inflight.labels(binding)

@@ -14,8 +14,8 @@ stale ack (``dispatcher_stale_acks_total``); the broker redelivers the old
 message itself.
 
 Two bounds, both kept across channel flaps. At most ``effective_parallelism``
-(``parallelism``) deliveries run at once; at most ``held`` (``prefetch``,
-by default the same) messages are held unacked, the rest of them waiting here
+(``parallelism``) deliveries run at once; at most ``effective_prefetch``
+(``prefetch``, by default the same) messages are held unacked, the rest of them waiting here
 in arrival order for a slot, so a slot freed by a verdict starts the next
 message at once instead of after a broker round trip. A delivery whose
 channel closed keeps running (its HTTP request is never aborted) and keeps
