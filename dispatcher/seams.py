@@ -211,7 +211,7 @@ class Action(Enum):
     ACK = "ack"
     REQUEUE = "requeue"  # basic.nack requeue=True
     REJECT = "reject"  # basic.reject requeue=False: the queue's dead-letter exchange, or dropped
-    LEAVE = "leave"  # settle nothing; the broker redelivers when the channel closes
+    LEAVE = "leave"  # send nothing; the broker redelivers when the channel closes
 
 
 class ChannelState:
