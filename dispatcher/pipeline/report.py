@@ -332,7 +332,7 @@ def _timeline(
         for r in per_binding
         if r["binding"] in shown
     ]  # fmt: skip
-    if len(shown) < len({r["binding"] for r in per_binding}):
+    if any(r["binding"] not in shown for r in per_binding):
         rows += _rows(rest_timeline_table(records, shown))
     return sorted(rows, key=lambda r: (r["group"], r["minute"]))
 

@@ -186,3 +186,44 @@ def test_logs_without_a_single_delivery_record(spark: Any, tmp_path: Path, capsy
     columns, rows = read_csv(tmp_path / "out" / "summary.csv")
     assert (columns, rows) == (list(report.SUMMARY_COLUMNS), [])
     assert (tmp_path / "out" / "report.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_the_rest_s_row_over_time_holds_every_binding_not_shown(spark: Any, tmp_path: Path) -> None:
+    """Seven bindings: the five in trouble get a row each, the other two share
+    ``chart.OTHERS``. The shown ones log no readable timestamp, so the rows over
+    time come from the two others alone, and must all be there."""
+
+    def line(binding: str, n: int, outcome: str, timestamp: str | None) -> str:
+        record = {
+            "event": "delivery",
+            "binding": binding,
+            "outcome": outcome,
+            "ce_id": f"{binding}-{n}",
+            "ce_type": "t",
+            "attempts": 1,
+            "status": 200 if outcome == "delivered" else 400,
+            "duration_ms": float(n),
+        }
+        if timestamp is not None:
+            record["timestamp"] = timestamp
+        return json.dumps(record) + "\n"
+
+    troubled = [f"troubled-{i}" for i in range(5)]
+    quiet = ["quiet-a", "quiet-b"]
+    lines = [line(b, n, "dead_lettered", None) for b in troubled for n in range(3)]
+    lines += [
+        line(b, n, "delivered", f"2026-11-20T10:0{n}:30Z") for b in quiet for n in range(1, 5)
+    ]
+    logs = tmp_path / "day.log"
+    logs.write_text("".join(lines))
+
+    built = report.build(spark, [str(logs)])
+
+    assert chart.shown_bindings(built.by_binding) == troubled
+    assert [row["group"] for row in built.timeline] == [chart.OTHERS] * 4
+    day = 1_795_132_800  # 2026-11-20T00:00:00Z
+    assert [(row["minute"] - day - 10 * 3600) // 60 for row in built.timeline] == [1, 2, 3, 4]
+    # Both quiet bindings in each minute: durations n and n, so p95 is n.
+    assert [(row["delivered"], row["p95_ms"]) for row in built.timeline] == [
+        (2, 1.0), (2, 2.0), (2, 3.0), (2, 4.0)
+    ]  # fmt: skip
