@@ -156,6 +156,11 @@ def _raw_member(text: str, name: str) -> str | None:
 
 
 def _skip_space(text: str, position: int) -> int:
+    # Compact JSON (ours, most writers') has no space between tokens: one
+    # character test instead of a regular-expression call (an archive line's
+    # from_line: 20.0 -> 16.1 us).
+    if position < len(text) and text[position] not in " \t\n\r":
+        return position
     match = _JSON_WHITESPACE.match(text, position)
     return match.end() if match else position
 
