@@ -378,3 +378,14 @@ def test_json_data_that_is_not_plain_utf8_is_not_spliced_raw(data):
     event = Event({**REQUIRED, "datacontenttype": "application/json"}, data)
     document = json.loads(json_format.to_json(event))
     assert base64.b64decode(document["data_base64"]) == data
+
+
+@pytest.mark.parametrize("space", ["", " ", "\t", "\n  ", "\r\n"])
+def test_json_data_keeps_its_exact_text_whatever_the_spacing_between_members(space):
+    s = space
+    body = (
+        f'{s}{{{s}"specversion"{s}:{s}"1.0"{s},{s}"id"{s}:{s}"1"{s},{s}"source"{s}:{s}"/s"'
+        f'{s},{s}"type"{s}:{s}"t"{s},{s}"data"{s}:{s}[1.50, {{"a" :2}}]{s},{s}"x"{s}:{s}1{s}}}{s}'
+    ).encode()
+    message = AmqpMessage(body, {}, "application/cloudevents+json")
+    assert amqp_binding.from_amqp(message).data == b'[1.50, {"a" :2}]'
