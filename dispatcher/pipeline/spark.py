@@ -35,7 +35,7 @@ _LOCAL_STATIC: Final = {
     "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
 }
 # Session settings, filled in wherever the user did not set them.
-_RUNTIME_DEFAULTS: Final = {
+RUNTIME_DEFAULTS: Final = {
     # The tables these jobs aggregate into are small; 200 shuffle partitions
     # would be 200 tiny tasks per stage.
     "spark.sql.shuffle.partitions": "8",
@@ -96,7 +96,7 @@ def session(app_name: str) -> Iterator[SparkSession]:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     given = spark.sparkContext.getConf()
-    for key, value in _RUNTIME_DEFAULTS.items():
+    for key, value in RUNTIME_DEFAULTS.items():
         if not given.contains(key):
             spark.conf.set(key, value)
     try:

@@ -28,15 +28,20 @@ def spark() -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    session = (
+    from dispatcher.pipeline.spark import RUNTIME_DEFAULTS
+
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("dispatcher-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
     )
+    # The commands' own session settings, so the tests run the plans users get
+    # (a command leaves an active session's settings alone); fewer shuffle
+    # partitions only for speed.
+    for key, value in {**RUNTIME_DEFAULTS, "spark.sql.shuffle.partitions": "4"}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
