@@ -141,7 +141,7 @@ def build(spark: SparkSession, paths: Sequence[str]) -> Report:
     classified = (
         classify(lines)
         .select("kind", "binding", "outcome", "ce_id", "ce_type", "attempts", "status",
-                "duration_ms", "timestamp")
+                "duration_ms", F.expr(_MINUTE).alias("minute"))
         .persist(StorageLevel.MEMORY_AND_DISK)
     )  # fmt: skip
     try:
@@ -248,7 +248,7 @@ SELECT grouping_id({keys}) AS grouping, {keys}, count(1) AS count, {outcomes},
   round(avg(attempts), 4) AS mean_attempts,
   transform(percentile(IF({timed}, duration_ms, NULL), array({percentiles})), p -> round(p, 3))
     AS p
-FROM (SELECT *, {minute} AS minute FROM {{records}})
+FROM {{records}}
 GROUP BY GROUPING SETS ({sets})
 """
 
@@ -285,7 +285,6 @@ def _grouped_sql() -> str:
         outcomes=", ".join(f"count_if(outcome = '{o}') AS {o}" for o in OUTCOMES),
         timed=timed,
         percentiles=", ".join(str(q) for q in PERCENTILES),
-        minute=_MINUTE,
         sets=", ".join(f"({', '.join(keys)})" for keys in GROUPINGS.values()),
     )
 
@@ -343,7 +342,6 @@ def rest_timeline_table(records: DataFrame, shown: Sequence[str]) -> DataFrame:
 
     return (
         records.where(~F.col("binding").isin(*shown))
-        .select("*", F.expr(_MINUTE).alias("minute"))
         .where(F.col("minute").isNotNull())
         .groupBy("minute")
         .agg(
