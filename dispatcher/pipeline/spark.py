@@ -31,8 +31,10 @@ _LOCAL_STATIC: Final = {
     "spark.ui.showConsoleProgress": "false",
     # The throughput collector: these are batch jobs, and the JVM's default on
     # a machine like ours (G1) made a 1M-line report 8% slower (farm-bench, 6
-    # interleaved pairs, every pair slower).
-    "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+    # interleaved pairs, every pair slower). Spark puts the *default* options
+    # before the user's own (spark-defaults.conf, --driver-java-options), which
+    # setting extraJavaOptions here would replace.
+    "spark.driver.defaultJavaOptions": "-XX:+UseParallelGC",
 }
 # Session settings, filled in wherever the user did not set them.
 RUNTIME_DEFAULTS: Final = {
