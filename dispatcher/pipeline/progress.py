@@ -155,7 +155,11 @@ class PublishedCounts:
 
     def __init__(self, host: str) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._socket.bind((host, 0))
+        try:
+            self._socket.bind((host, 0))
+        except OSError:
+            self._socket.close()  # the caller goes on without it
+            raise
         self._socket.settimeout(REDRAW_EVERY)
         self.address: tuple[str, int] = self._socket.getsockname()
         self._counts: dict[int, int] = {}

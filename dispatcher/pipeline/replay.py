@@ -342,14 +342,15 @@ def publish(
         # Runs on an executor: one connection at a time for the whole partition.
         candidates = [node.parameters for node in nodes(broker, f"replay-{index}")]
         sender = None if progress_to is None else progress.PublishedSender(progress_to, index)
-        publisher = ConfirmedPublisher(
-            candidates, exchange, routing_key, rate=rate, on_progress=sender
-        )
+        publisher = None
         try:
+            publisher = ConfirmedPublisher(
+                candidates, exchange, routing_key, rate=rate, on_progress=sender
+            )
             result = publisher.publish(_outgoing(row) for row in rows)
         finally:
             if sender is not None:  # the last count, and the socket released on every path
-                sender.close(publisher.result.published)
+                sender.close(0 if publisher is None else publisher.result.published)
         yield result
 
     ordered = (

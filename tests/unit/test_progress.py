@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import io
+import socket
 import time
+from typing import Any
 
+import pytest
+
+from dispatcher.pipeline import progress
 from dispatcher.pipeline.progress import ERASE, Progress, PublishedCounts, PublishedSender
 
 
@@ -95,3 +100,19 @@ def test_partitions_report_their_published_counts_to_the_driver() -> None:
             time.sleep(0.01)
     finally:
         counts.close()
+
+
+def test_a_driver_address_it_cannot_bind_is_refused_with_its_socket_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[socket.socket] = []
+
+    class Recorded(socket.socket):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(progress.socket, "socket", Recorded)
+    with pytest.raises(OSError):
+        PublishedCounts("203.0.113.1")  # TEST-NET-3: no address of this machine
+    assert len(made) == 1 and made[0].fileno() == -1
