@@ -94,6 +94,15 @@ def run_replay(argv: list[str], capsys: Any) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def replay_folder(tmp_path: Path, exchange: str, capsys: Any) -> tuple[int, str, str]:
+    """``tmp_path/archive`` to ``exchange`` (routing key ``replayed``), out in ``tmp_path/out``."""
+    return run_replay(
+        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
+         "--routing-key", "replayed", "--out", str(tmp_path / "out")],
+        capsys,
+    )  # fmt: skip
+
+
 def test_replays_every_event_once_in_the_form_the_service_reads(
     spark: Any,
     target: tuple[str, str],
@@ -157,11 +166,7 @@ def test_a_json_event_the_service_would_refuse_is_a_reject_with_the_services_rea
     day = tmp_path / "archive" / "date=2026-11-20"
     day.mkdir(parents=True)
     (day / "part-a.jsonl").write_bytes(b"\n".join([*good, good[0], *invalid, JUNK[0]]) + b"\n")
-    code, _out, err = run_replay(
-        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
-         "--routing-key", "replayed", "--out", str(tmp_path / "out")],
-        capsys,
-    )  # fmt: skip
+    code, _out, err = replay_folder(tmp_path, exchange, capsys)
     assert code == 0, err
     assert sorted(e.key for e, _ in received(queue)) == sorted(e.key for e in made)
     counts = json.loads((tmp_path / "out" / "counts.json").read_text())
@@ -286,11 +291,7 @@ def test_an_archive_with_no_files_publishes_nothing(
     exchange, queue = target
     (tmp_path / "archive" / "date=2026-11-20").mkdir(parents=True)
     (tmp_path / "archive" / "date=2026-11-20" / ".part-x.jsonl.tmp").write_text("{}\n")
-    code, out, err = run_replay(
-        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
-         "--routing-key", "replayed", "--out", str(tmp_path / "out")],
-        capsys,
-    )  # fmt: skip
+    code, out, err = replay_folder(tmp_path, exchange, capsys)
     assert code == 0, err
     assert "published 0," in out and "of 0 lines" in out
     assert received(queue) == []
