@@ -15,9 +15,9 @@ message itself.
 
 Two bounds, both kept across channel flaps. At most ``effective_parallelism``
 (``parallelism``) deliveries run at once; at most ``effective_prefetch``
-(``prefetch``, by default the same) messages are held unacked, the rest of them waiting here
-in arrival order for a slot, so a slot freed by a verdict starts the next
-message at once instead of after a broker round trip. A delivery whose
+(``prefetch``, by default the same) messages are held unacked, the rest of
+them waiting here in arrival order for a slot, so a slot freed by a verdict
+starts the next message at once instead of after a broker round trip. A delivery whose
 channel closed keeps running (its HTTP request is never aborted) and keeps
 its slot until its verdict comes back; the messages of that channel still
 waiting are dropped (the broker redelivers them). So a new channel's
