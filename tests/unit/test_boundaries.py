@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "dispatcher"
 # The outer modules: they wire the sides together, so they may import anything.
 WIRING = {"dispatcher.service", "dispatcher.cli", "dispatcher.resolve", "dispatcher.__main__"}
 # Top-level modules that are a boundary themselves, not core.
-BOUNDARY_MODULES = {"dispatcher.redis_claims", "dispatcher.otlp"}
+BOUNDARY_MODULES = {"dispatcher.redis_claims", "dispatcher.otlp", "dispatcher.otlp_encoding"}
 PROTOCOL_LIBRARIES = {"pika", "pycurl", "redis", "opentelemetry"}
 SIDES = ("dispatcher.broker", "dispatcher.http", "dispatcher.pipeline")
 
