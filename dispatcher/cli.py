@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(str(e), EXIT_USAGE)
     if args.command == "check":
         sys.stdout.write(render_effective_config(settings))
-        for said in advice(settings):  # valid, so still exit 0
+        for said in advice(settings, os.environ):  # valid, so still exit 0
             sys.stderr.write(f"dispatcher: warning: {said}\n")
         return EXIT_OK
     return _run(settings, resolved[0])

@@ -231,7 +231,7 @@ class Service:
 
     def start(self) -> None:
         log.info("starting", bindings=[b.name for b in self.settings.bindings])
-        for said in advice(self.settings):
+        for said in advice(self.settings, os.environ):
             log.warning(said.text, key=said.key)
         # Everything built so far (modules, settings, clients) lives as long as
         # the process: take it out of the garbage collector's full passes, which

@@ -7,10 +7,11 @@ warnings once at start.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from dispatcher import cesql
+from dispatcher.config import knative
 from dispatcher.config.filter_tree import CesqlFilter, FilterEntry, NestingFilter
 from dispatcher.config.settings import UNACKED_MAX, BindingSettings, Settings
 from dispatcher.retry import JITTER, Backoff
@@ -25,8 +26,18 @@ class Advice:
         return f"{self.key}: {self.text}"
 
 
-def advice(settings: Settings) -> list[Advice]:
+def advice(settings: Settings, environ: Mapping[str, str] | None = None) -> list[Advice]:
+    """What to say of ``settings``, read from ``environ`` (the process's variables)."""
     found: list[Advice] = []
+    protocol = knative.unspoken_tracing(environ or {})
+    if protocol is not None and not settings.tracing.enabled:
+        found.append(
+            Advice(
+                "K_OBSERVABILITY_CONFIG",
+                f"asks for tracing over {protocol}, which this dispatcher does not speak "
+                "(only http/protobuf): tracing is off",
+            )
+        )
     for index, binding in enumerate(settings.bindings):
         key = f"bindings[{index}]"
         dead_letter = binding.dead_letter

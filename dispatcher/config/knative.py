@@ -30,6 +30,7 @@ K_OBSERVABILITY_CONFIG tracing                      JSON; its ``tracing`` with p
                                                     URL, /v1/traces included) and
                                                     samplingRate; grpc, stdout: not
                                                     spoken here, tracing stays off
+                                                    (``advice`` says so)
 DLX                    (no effect)                  Knative acks failures on its DLQ
                                                     dispatcher, dropping them; we never
                                                     drop, so they are requeued after
@@ -142,6 +143,25 @@ def raw_config(environ: Mapping[str, str]) -> dict[str, Any]:
     if tracing:
         raw["tracing"] = tracing
     return raw
+
+
+# Protocols Knative's observability configuration may name that are not spoken
+# here ("none" is off as asked, so it needs no word).
+UNSPOKEN = frozenset({"grpc", "stdout"})
+
+
+def unspoken_tracing(environ: Mapping[str, str]) -> str | None:
+    """The tracing protocol ``K_OBSERVABILITY_CONFIG`` asks for when this service
+    cannot speak it (``UNSPOKEN``): tracing is then off unless the ``OTEL_*``
+    variables turn it on, which ``advice`` says. ``None`` for anything else,
+    a broken value included (``raw_config`` refuses that)."""
+    try:
+        config = json.loads(environ.get("K_OBSERVABILITY_CONFIG") or "{}")
+    except ValueError:
+        return None
+    tracing = config.get("tracing") if isinstance(config, dict) else None
+    protocol = tracing.get("protocol") if isinstance(tracing, dict) else None
+    return protocol if protocol in UNSPOKEN else None
 
 
 def _tracing(text: str | None) -> dict[str, Any]:

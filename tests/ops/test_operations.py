@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import broker
@@ -461,6 +462,33 @@ def test_knative_mode_errors_name_the_variable(tmp_path, env, message):
     assert result.returncode == 2, result.stdout
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_knative_mode_check_says_a_tracing_protocol_it_does_not_speak_leaves_tracing_off(
+    tmp_path,
+):
+    observability = json.dumps({"tracing": {"protocol": "grpc", "endpoint": "otel:4317"}})
+    env = {
+        "QUEUE_NAME": "q",
+        "RABBIT_URL": broker.URL,
+        "SUBSCRIBER": "http://127.0.0.1:1/",
+        "K_OBSERVABILITY_CONFIG": observability,
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "dispatcher", "check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "dispatcher: warning: K_OBSERVABILITY_CONFIG: asks for tracing over grpc, which this "
+        "dispatcher does not speak (only http/protobuf): tracing is off\n"
+    ) in result.stderr
+    assert yaml.safe_load(result.stdout)["tracing"]["enabled"] is False
 
 
 def test_shutdown_signals_are_taken_by_one_thread_only(queue, make_subscriber, processes, tmp_path):

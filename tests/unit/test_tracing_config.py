@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.config import TracingSettings, render_effective_config
+from dispatcher.config import TracingSettings, advice, render_effective_config
 from dispatcher.config import settings_from_dict as load
 from dispatcher.config.knative import raw_config
 from dispatcher.config.otel import traces_url
@@ -160,6 +160,27 @@ def test_knative_s_rate_is_clamped_and_a_bare_host_is_https_as_knative_reads_it(
 def test_knative_protocols_not_spoken_here_leave_tracing_off(protocol):
     assert not knative({"tracing": {"protocol": protocol, "endpoint": "c:4317"}}).enabled
     assert not knative({}).enabled
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "stdout"])
+def test_a_knative_protocol_not_spoken_here_is_said_once_tracing_stays_off(protocol):
+    env = {**KNATIVE, "K_OBSERVABILITY_CONFIG": json.dumps({"tracing": {"protocol": protocol}})}
+    said = [a for a in advice(load(raw_config(env), env), env) if a.key == "K_OBSERVABILITY_CONFIG"]
+    assert [a.text for a in said] == [
+        f"asks for tracing over {protocol}, which this dispatcher does not speak "
+        "(only http/protobuf): tracing is off"
+    ]
+    # The OTEL_* variables turned it on after all: nothing to say.
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://c:4318"
+    assert load(raw_config(env), env).tracing.enabled
+    assert not [a for a in advice(load(raw_config(env), env), env) if "tracing" in a.text]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "none", None])
+def test_knative_protocols_it_speaks_or_that_ask_for_nothing_are_not_remarked(protocol):
+    observability = {"tracing": {"protocol": protocol, "endpoint": "http://c:4318"}}
+    env = {**KNATIVE, "K_OBSERVABILITY_CONFIG": json.dumps(observability)}
+    assert not [a for a in advice(load(raw_config(env), env), env) if "tracing" in a.text]
 
 
 def test_a_broken_knative_observability_config_names_the_variable():
