@@ -37,6 +37,9 @@ from dispatcher.errors import EventError
 SPECVERSION: Final = "1.0"
 
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+# JSON can spell one (``\\ud800``); no CloudEvents string may hold it (the spec
+# excludes surrogate code points) and no UTF-8 header or body can carry it.
+_SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
 
 
 # --------------------------------------------------------------------- values
@@ -129,10 +132,17 @@ def attribute_text(name: str, value: Any) -> str:
 
 
 def checked_text(name: str, text: str) -> str:
-    """``text`` as attribute ``name``'s value: refused with control characters."""
-    # isprintable() (C) says yes for almost every value; only a no needs the regex.
-    if not text.isprintable() and _CONTROL.search(text):
-        raise EventError(f"header {name!r} contains control characters (CR, LF or other)")
+    """``text`` as attribute ``name``'s value: refused with control characters or
+    a lone surrogate."""
+    # isprintable() (C) says yes for almost every value; only a no needs the regexes.
+    if not text.isprintable():
+        if _CONTROL.search(text):
+            raise EventError(f"header {name!r} contains control characters (CR, LF or other)")
+        if _SURROGATE.search(text):
+            raise EventError(
+                f"attribute {name!r} contains a lone surrogate (U+D800 to U+DFFF), "
+                "which no CloudEvents string may hold"
+            )
     return text
 
 

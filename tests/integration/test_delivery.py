@@ -362,6 +362,40 @@ def test_bad_header_values_are_dead_lettered(make_subscriber, run_service, heade
     svc.wait_events("dead_lettered", 1)
 
 
+@pytest.mark.parametrize("sink", [True, False])
+def test_a_surrogate_escaped_in_a_json_event_is_dead_lettered_not_looped(
+    make_subscriber, run_service, sink
+):
+    """JSON can spell a lone UTF-16 surrogate (``\\ud800``), which no CloudEvents
+    string may hold and no UTF-8 can carry: refused as malformed with the reason,
+    through a sink or an exchange, never requeued to meet the same error again."""
+    sub = make_subscriber()
+    document = b'{"specversion": "1.0", "id": "s-1", "source": "/s", "type": "t\\ud800x"}'
+    if sink:
+        letters = make_subscriber()
+        svc = run_service(sub.url, dead_letter={"sink": letters.url})
+    else:
+        exchange, dead = broker.declare_fanout_with_queue(prefix="sx")
+        svc = run_service(
+            sub.url,
+            dead_letter={"exchange": exchange},
+            extra_queues=[dead],
+            extra_exchanges=[exchange],
+        )
+    publish(svc.queue, document, content_type="application/cloudevents+json")
+    svc.wait_events("dead_lettered", 1)
+    if sink:
+        [letter] = letters.wait_for(1)
+        reason = unquote(letter.headers["ce-dispatchererror"])
+        assert letter.body == document  # the original bytes, wrapped
+    else:
+        [(props, body)] = wait_until(lambda: broker.get_all(dead), message="the dead letter")
+        reason = props.headers["ce-dispatchererror"]
+        assert body == document
+    assert "surrogate" in reason, reason
+    assert sub.requests == []
+
+
 def test_oversized_body_is_dead_lettered(make_subscriber, run_service):
     sub = make_subscriber()
     sink = make_subscriber()

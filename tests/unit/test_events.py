@@ -389,3 +389,20 @@ def test_json_data_keeps_its_exact_text_whatever_the_spacing_between_members(spa
     ).encode()
     message = AmqpMessage(body, {}, "application/cloudevents+json")
     assert amqp_binding.from_amqp(message).data == b'[1.50, {"a" :2}]'
+
+
+@pytest.mark.parametrize("name", ["type", "id", "source", "subject", "myext"])
+def test_a_lone_surrogate_spelled_in_json_is_malformed_a_pair_is_a_character(name):
+    """JSON's ``\\ud800`` is no character: refused with the reason (it would fail
+    every UTF-8 encoding later, the dead letter's too); ``\\ud83d\\ude00`` is 😀."""
+    attributes = {"specversion": "1.0", "id": "j-1", "source": "/s", "type": "t"}
+
+    def document(value: str) -> bytes:
+        text = json.dumps({**attributes, name: "x"}).replace('"x"', f'"{value}"')
+        return text.encode()
+
+    with pytest.raises(EventError) as caught:
+        json_format.from_structured("application/cloudevents+json", document("a\\ud800b"))
+    assert f"attribute {name!r} contains a lone surrogate" in caught.value.reason
+    event = json_format.from_structured("application/cloudevents+json", document("\\ud83d\\ude00"))
+    assert event.attributes[name] == "\U0001f600"
