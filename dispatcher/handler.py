@@ -259,8 +259,16 @@ class Handler:
             # A bug met by this message. Requeueing would meet it again forever;
             # dead-letter it with the reason instead, so the queue moves on.
             self._log.exception("internal error while delivering", ce_id=event.id)
-            reason = f"internal error: {type(e).__name__}: {e}"
-            return await self._give_up(event, Failure(None, reason=reason), 0, None, trace)
+            failure = Failure(None, reason=f"internal error: {type(e).__name__}: {e}")
+            try:
+                return await self._give_up(event, failure, 0, None, trace)
+            except Exception:
+                # The event itself is what fails, its dead letter too: the message
+                # as received, wrapped as for one that cannot be read, is built
+                # from the broker's bytes alone and still goes.
+                self._log.exception("internal error while dead-lettering", ce_id=event.id)
+                wrapped = self._wrapped(received.message)
+                return await self._give_up(wrapped, failure, 0, None, trace)
 
     async def _backed_off(self, retry_number: int) -> bool:
         """Wait before giving a message back (at once it would come straight back);

@@ -34,7 +34,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from dispatcher import logs
+from dispatcher import amqp_binding, logs
 from dispatcher.config import BindingSettings, settings_from_dict
 from dispatcher.deadletter import DeadLetterer
 from dispatcher.dedupe import Claim, Key, MemoryDedupe
@@ -313,6 +313,7 @@ class Row:
     sends: int = 1  # requests to the subscriber
     letters: tuple[tuple[str, str], ...] = ()  # (where, knativeerrorcode), in order sent
     letter_reason: str | None = None  # in every letter's dispatchererror; None: absent
+    last_letter_wrapped: bool = False  # the last letter is the message as received, wrapped
     replies: tuple[str, ...] = ()  # where a reply went: "url" or an exchange
     backoffs: tuple[int, ...] = ()  # the retry number of each backoff asked for
     settled_after: bool | None = None  # MemoryDedupe rows: the key is settled afterwards
@@ -579,6 +580,22 @@ ROWS = [
         reason="internal error: RuntimeError: boom",
         letters=(("sink", "-1"),),
         letter_reason="internal error: RuntimeError: boom",
+    ),
+    Row(
+        # The event's own dead letter fails as its delivery did (the sink's first
+        # answer is the exception, after its request was recorded): the message as
+        # received goes instead, wrapped, with the same reason.
+        "internal-error-whose-dead-letter-fails-too-sends-the-message-wrapped",
+        subscriber=(RuntimeError("boom"),),
+        binding=config(SINK),
+        sink=(RuntimeError("boom again"), ok()),
+        outcome="dead_lettered",
+        status=-1,
+        attempts=0,
+        reason="internal error: RuntimeError: boom",
+        letters=(("sink", "-1"), ("sink", "-1")),
+        letter_reason="internal error: RuntimeError: boom",
+        last_letter_wrapped=True,
     ),
     # ------------------------------------------------------------ dead-letter targets
     Row(
@@ -1174,8 +1191,12 @@ def check_letters(ran: Ran, row: Row) -> None:
             assert "dispatchererror" not in attributes
         else:
             assert row.letter_reason in attributes["dispatchererror"]
-        if row.message is EVENT and row.unreadable is None:
+        if row.message is EVENT and row.unreadable is None and not row.last_letter_wrapped:
             assert (attributes["source"], attributes["id"]) == KEY
+    if row.last_letter_wrapped:
+        attributes = sent[-1][1]
+        assert attributes["type"] == amqp_binding.WRAPPED_TYPE
+        assert attributes["source"] == "rabbitmq://%2F/q"
 
 
 def check_replies(ran: Ran, row: Row) -> None:
