@@ -407,7 +407,9 @@ class _CountedExporter(SpanExporter):
         self._tracer.dropped(len(spans))
         if not self._failing:
             self._failing = True
-            log.warning("trace export failed: spans dropped", endpoint=self._url, error=problem)
+            # ``error``: only when our own encoding raised (the exporter logs its own).
+            said = {"error": problem} if problem else {}
+            log.warning("trace export failed: spans dropped", endpoint=self._url, **said)
         return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:

@@ -10,10 +10,12 @@ import textwrap
 import threading
 
 import pytest
+import structlog
 
 from dispatcher.config import TracingSettings
 from dispatcher.events import Event
 from dispatcher.otlp import OtlpTracer
+from dispatcher.otlp_encoding import Encoder
 from dispatcher.tracing import peer
 from tests.support.broker import wait_until
 from tests.support.otlp import Collector
@@ -121,6 +123,35 @@ def test_a_collector_that_answers_500_costs_spans(collector, monkeypatch):
         wait_until(lambda: dropped.value == 2, 15, "two spans counted as dropped")
     finally:
         t.shutdown(5)
+
+
+def test_spans_it_cannot_encode_are_dropped_counted_and_said_once(collector, monkeypatch):
+    """A bug in our encoding must cost spans, never the processor's thread: the
+    batch is dropped and counted, one warning says why, and once batches encode
+    again one line says export works."""
+    dropped = Count()
+    t = tracer(collector, dropped=dropped, batch_size=2, schedule_delay=0.05)
+
+    def broken(_self: Encoder, _spans: object) -> bytes:
+        raise ValueError("cannot encode")
+
+    with structlog.testing.capture_logs() as logged:
+        try:
+            monkeypatch.setattr(Encoder, "request", broken)
+            for _ in range(2):
+                deliver(t)
+                wait_until(lambda: t.taken == t.given, 15, "the batch taken")
+            monkeypatch.undo()
+            deliver(t)
+            collector.wait_spans(2)
+        finally:
+            t.shutdown(5)  # the export thread has said all it will say
+    assert dropped.value == 4
+    said = [(e["event"], e.get("error")) for e in logged if "trace export" in e["event"]]
+    assert said == [
+        ("trace export failed: spans dropped", "ValueError('cannot encode')"),
+        ("trace export works again", None),
+    ]
 
 
 def test_shutdown_is_bounded_when_the_collector_hangs(collector):
