@@ -449,16 +449,7 @@ def test_knative_drop_in_mode(queue, make_subscriber, processes, tmp_path):
     ],
 )
 def test_knative_mode_errors_name_the_variable(tmp_path, env, message):
-    base = {"QUEUE_NAME": "q", "RABBIT_URL": broker.URL, "SUBSCRIBER": "http://127.0.0.1:1/"}
-    result = subprocess.run(
-        [sys.executable, "-m", "dispatcher", "check"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **base, **env},
-    )
+    result = knative_check(tmp_path, env)
     assert result.returncode == 2, result.stdout
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -467,28 +458,29 @@ def test_knative_mode_errors_name_the_variable(tmp_path, env, message):
 def test_knative_mode_check_says_a_tracing_protocol_it_does_not_speak_leaves_tracing_off(
     tmp_path,
 ):
-    observability = json.dumps({"tracing": {"protocol": "grpc", "endpoint": "otel:4317"}})
-    env = {
-        "QUEUE_NAME": "q",
-        "RABBIT_URL": broker.URL,
-        "SUBSCRIBER": "http://127.0.0.1:1/",
-        "K_OBSERVABILITY_CONFIG": observability,
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "dispatcher", "check"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
-    )
+    observability = {"tracing": {"protocol": "grpc", "endpoint": "otel:4317"}}
+    result = knative_check(tmp_path, {"K_OBSERVABILITY_CONFIG": json.dumps(observability)})
     assert result.returncode == 0, result.stderr
     assert (
         "dispatcher: warning: K_OBSERVABILITY_CONFIG: asks for tracing over grpc, which this "
         "dispatcher does not speak (only http/protobuf): tracing is off\n"
     ) in result.stderr
     assert yaml.safe_load(result.stdout)["tracing"]["enabled"] is False
+
+
+def knative_check(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``dispatcher check`` in drop-in mode: Knative's variables, ``env`` over them,
+    and nothing else of this process's environment."""
+    base = {"QUEUE_NAME": "q", "RABBIT_URL": broker.URL, "SUBSCRIBER": "http://127.0.0.1:1/"}
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher", "check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **base, **env},
+    )
 
 
 def test_shutdown_signals_are_taken_by_one_thread_only(queue, make_subscriber, processes, tmp_path):
