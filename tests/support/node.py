@@ -7,6 +7,7 @@ data directory and log directory, and is shut down at teardown.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -29,9 +30,40 @@ def _alive(pid: int) -> bool:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, for a server a test is about to start.
+
+    Not one ``bind(0)`` hands out: that is the kernel's ephemeral range, from
+    which it also picks the local port of every outgoing connection, and a
+    broker node boots for seconds before it binds its ports; a connection
+    made meanwhile can take one (the node then fails to start, reporting
+    only ``rabbit_is_not_running``). Below that range only listeners bind,
+    and this process never hands the same port out twice.
+    """
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(_LOWEST, low)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port between {_LOWEST} and {low}")
+
+
+_LOWEST = 10_000
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+    except OSError:
+        return 32_768  # Linux's default
+    return int(text.split()[0])
 
 
 class RabbitNode:
@@ -90,9 +122,21 @@ class RabbitNode:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        self.ctl("wait", str(self.dir / "pid"), timeout=120)
+        try:
+            self.ctl("wait", str(self.dir / "pid"), timeout=120)
+        except AssertionError as e:
+            # Teardown removes the node's folder: say why it did not start now.
+            raise AssertionError(f"{e}\n{self.log_tail()}") from None
         self.wait_accepting()
         return self
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the node's logs (a failed boot says why there)."""
+        said = []
+        for log in sorted((self.dir / "log").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            said.append(f"--- {log.name}\n" + "\n".join(tail))
+        return "\n".join(said) or "(no node log)"
 
     def shutdown(self) -> None:
         """Stop the node for good: a leaked node would hold ports and memory across runs."""
