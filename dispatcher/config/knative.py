@@ -156,19 +156,16 @@ def unspoken_tracing(environ: Mapping[str, str]) -> str | None:
     variables turn it on, which ``advice`` says. ``None`` for anything else,
     a broken value included (``raw_config`` refuses that)."""
     try:
-        config = json.loads(environ.get("K_OBSERVABILITY_CONFIG") or "{}")
-    except ValueError:
+        tracing = _observed_tracing(environ.get("K_OBSERVABILITY_CONFIG"))
+    except ConfigError:
         return None
-    tracing = config.get("tracing") if isinstance(config, dict) else None
-    protocol = tracing.get("protocol") if isinstance(tracing, dict) else None
+    protocol = tracing.get("protocol")
     return protocol if protocol in UNSPOKEN else None
 
 
-def _tracing(text: str | None) -> dict[str, Any]:
-    """The ``tracing`` section from Knative's observability configuration (the
-    ``config-observability`` ConfigMap as JSON, Knative 1.19 and later). Only
-    ``http/protobuf`` maps: ``grpc`` and ``stdout`` are not spoken here, and
-    ``none`` is off, so those leave tracing to the ``OTEL_*`` variables."""
+def _observed_tracing(text: str | None) -> dict[str, Any]:
+    """The ``tracing`` object of Knative's observability configuration, ``{}``
+    when there is none; ``ConfigError`` when the text is not JSON."""
     if not text:
         return {}
     try:
@@ -176,7 +173,16 @@ def _tracing(text: str | None) -> dict[str, Any]:
     except ValueError:
         raise ConfigError("K_OBSERVABILITY_CONFIG", "must be a JSON object") from None
     tracing = config.get("tracing") if isinstance(config, dict) else None
-    if not isinstance(tracing, dict) or tracing.get("protocol") != "http/protobuf":
+    return tracing if isinstance(tracing, dict) else {}
+
+
+def _tracing(text: str | None) -> dict[str, Any]:
+    """The ``tracing`` section from Knative's observability configuration (the
+    ``config-observability`` ConfigMap as JSON, Knative 1.19 and later). Only
+    ``http/protobuf`` maps: ``grpc`` and ``stdout`` are not spoken here, and
+    ``none`` is off, so those leave tracing to the ``OTEL_*`` variables."""
+    tracing = _observed_tracing(text)
+    if tracing.get("protocol") != "http/protobuf":
         return {}
     endpoint = tracing.get("endpoint")
     if not isinstance(endpoint, str) or not endpoint:
