@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote_to_bytes
 
 from dispatcher.config import ContentMode
 from dispatcher.events import Event, HttpRequestParts, attribute_text, validated
@@ -81,11 +81,20 @@ def is_http_cloudevent(headers: Mapping[str, str]) -> bool:
     return False
 
 
+def _wire_bytes(value: str) -> bytes:
+    """A header value's bytes as they came (``parse_head`` reads them as Latin-1)."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:  # text that was never bytes read as Latin-1
+        return value.encode("utf-8")
+
+
 def from_http_response(headers: Mapping[str, str], body: bytes) -> Event | None:
     """The CloudEvent in a subscriber's response, ``None`` when it holds none.
 
     Raises ``EventError`` when the response claims to be a CloudEvent (has
     ``ce-specversion`` or a structured content type) but is not a valid one.
+    ``headers``: as ``seams.parse_head`` reads them, each value its bytes as Latin-1.
     """
     if not is_http_cloudevent(headers):
         return None
@@ -96,7 +105,11 @@ def from_http_response(headers: Mapping[str, str], body: bytes) -> Event | None:
     attributes: dict[str, str] = {}
     for name, value in lowered.items():
         if name.startswith("ce-"):
-            attributes[name[3:]] = attribute_text(name, unquote(value))
+            # The spec's encoding: UTF-8, percent-encoded where not printable ASCII.
+            # Header lines arrive as bytes read as Latin-1 (``seams.parse_head``):
+            # back to those bytes, percent-decoded, then strictly UTF-8, so neither
+            # raw UTF-8 nor an escape of a byte that is no UTF-8 is misread.
+            attributes[name[3:]] = attribute_text(name, unquote_to_bytes(_wire_bytes(value)))
     if content_type:
         attributes["datacontenttype"] = content_type
     return validated(attributes, body)

@@ -13,6 +13,7 @@ import pytest
 from dispatcher import amqp_binding, events, http_binding, json_format
 from dispatcher.errors import EventError, NotACloudEvent
 from dispatcher.events import AmqpMessage, Event
+from dispatcher.seams import parse_head
 
 REQUIRED = {"specversion": "1.0", "id": "e1", "source": "/src", "type": "t.x"}
 
@@ -246,6 +247,31 @@ def test_reply_in_structured_mode_and_no_reply():
     )
     assert reply is not None and reply.id == "e1"
     assert http_binding.from_http_response({"content-type": "application/json"}, b"{}") is None
+
+
+def _binary_reply(**extra: bytes) -> dict[str, str]:
+    """A binary reply's headers as ``seams.parse_head`` makes them of the bytes read."""
+    lines = [b"HTTP/1.1 200 OK\r\n", b"ce-specversion: 1.0\r\n", b"ce-id: r1\r\n"]
+    lines += [b"ce-type: t\r\n", b"ce-source: /r\r\n"]
+    lines += [f"ce-{name}: ".encode() + value + b"\r\n" for name, value in extra.items()]
+    return parse_head(lines)
+
+
+@pytest.mark.parametrize(
+    "raw", ["/caf%C3%A9 \u65e5\u672c".encode(), "/caf\u00e9 \u65e5\u672c".encode()]
+)
+def test_a_reply_header_is_utf_8_percent_encoded_or_raw(raw: bytes) -> None:
+    """The CloudEvents HTTP binding's encoding (percent-encoded UTF-8), and raw UTF-8
+    as some servers send it: never read as Latin-1 (``/cafÃ©``)."""
+    reply = http_binding.from_http_response(_binary_reply(subject=raw), b"")
+    assert reply is not None
+    assert reply.attributes["subject"] == "/caf\u00e9 \u65e5\u672c"
+
+
+@pytest.mark.parametrize("raw", [b"%FF%FE", b"caf\xe9"])
+def test_a_reply_header_that_is_not_utf_8_is_refused_not_replaced(raw: bytes) -> None:
+    with pytest.raises(EventError, match="'ce-subject' is not valid UTF-8"):
+        http_binding.from_http_response(_binary_reply(subject=raw), b"")
 
 
 def test_invalid_reply_raises():
