@@ -198,6 +198,7 @@ class Loop:
         self._timers: list[tuple[float, int, Timer]] = []
         self._sequence = itertools.count()
         self._iteration_end: list[Callable[[], object]] = []
+        self._flushes: list[Callable[[], object]] = []  # ``flush_soon``'s: once each
         # The inbox: the only state other threads touch, under this lock.
         self._lock = threading.Lock()
         self._inbox: list[tuple[Callable[[Any], object], Any]] = []
@@ -298,6 +299,13 @@ class Loop:
         else:
             self.unwatch(fd)
 
+    def flush_soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback()`` once, with this iteration's end hooks (``at_iteration_end``):
+        after what is ready now, before the loop polls again. Where a connection writes
+        what the iteration produced: it is on the wire before the loop waits, not an
+        iteration (and that iteration's work) later."""
+        self._flushes.append(callback)
+
     def at_iteration_end(self, callback: Callable[[], object]) -> None:
         """Run ``callback()`` at the end of every iteration, after everything that was
         ready ran, and after every 32 ready callbacks of a long iteration: the place to
@@ -352,11 +360,15 @@ class Loop:
         self._run_hooks()
 
     def _run_hooks(self) -> None:
+        if self._flushes:
+            flushes, self._flushes = self._flushes, []
+            for flush in flushes:
+                self._guarded(flush, ())
         for hook in self._iteration_end:
             self._guarded(hook, ())
 
     def _timeout(self) -> float | None:
-        if self._ready or self._stopping:
+        if self._ready or self._flushes or self._stopping:
             return 0.0
         timers = self._timers
         while timers and timers[0][2].cancelled:
