@@ -41,6 +41,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import pika
 import pika.exceptions
+from pika import spec
 from pika.spec import Basic
 
 from dispatcher.broker.confirm_window import ConfirmWindow
@@ -56,6 +57,32 @@ T = TypeVar("T")
 
 _REOPEN_CHANNEL: Final = Backoff("exponential", 0.05, 5.0)
 LOST: Final = "broker connection lost before the confirm"
+# A content header frame: class id, weight, body size; then the frame's own bytes.
+_HEADER_FIELDS: Final = 12
+_FRAME_OVERHEAD: Final[int] = spec.FRAME_HEADER_SIZE + spec.FRAME_END_SIZE
+# Every property but the headers table, at its longest (short strings of 255 bytes).
+_OTHER_PROPERTIES: Final = 4096
+
+
+def properties_size(properties: pika.BasicProperties, frame_max: int) -> int | None:
+    """The bytes of the content header frame that carries ``properties``, when they
+    might not fit in ``frame_max`` (``None``: they surely fit). A body is split into
+    frames; the properties are one frame, and pika sends one larger than the
+    connection's ``frame_max`` as it is: the broker then closes the whole connection
+    (501 FRAME_ERROR, ``frame_too_large``), failing every publish in flight on it."""
+    headers = properties.headers or {}
+    # The bound, without encoding: a header is a short-string name, a type byte, a
+    # length and the value, at most 4 bytes of UTF-8 per character.
+    bound = _FRAME_OVERHEAD + _HEADER_FIELDS + _OTHER_PROPERTIES + 4
+    for name, value in headers.items():
+        if type(value) is not str:
+            bound = frame_max + 1  # tables, lists, ...: only the encoding can tell
+            break
+        bound += 6 + 4 * (len(name) + len(value))
+    if bound <= frame_max:
+        return None
+    encoded: list[bytes] = properties.encode()
+    return _FRAME_OVERHEAD + _HEADER_FIELDS + sum(map(len, encoded))
 
 
 class ConfirmLink(Generic[T]):
@@ -159,6 +186,9 @@ class ConfirmLink(Generic[T]):
         else why this message cannot be encoded (it fails alone; the channel is
         unharmed). Any other error means the channel broke: it is raised, and the item
         is not in the window. ``key``: what ``returned`` makes of this message."""
+        too_large = self.too_large(properties)
+        if too_large is not None:
+            return f"cannot be published: {too_large}"
         if not self.window:
             self._progress_at = time.monotonic()
         # Unconfirmed before it is sent: a loss while sending hands it back.
@@ -173,6 +203,27 @@ class ConfirmLink(Generic[T]):
             self.window.unsend(tag)
             raise
         return None
+
+    def too_large(self, properties: pika.BasicProperties) -> str | None:
+        """Why ``properties`` cannot go in one frame of this connection, or None. Until
+        a connection has agreed on its ``frame_max`` with the broker, the one asked
+        for (the broker's can only be smaller: the publish checks again)."""
+        connection = self._connection
+        frame_max = (
+            connection.params.frame_max
+            if connection is not None
+            else pika.ConnectionParameters.DEFAULT_FRAME_MAX
+        )
+        try:
+            size = properties_size(properties, frame_max)
+        except (pika.exceptions.ShortStringTooLong, ValueError, TypeError):
+            return None  # the publish says what cannot be encoded
+        if size is None or size <= frame_max:
+            return None
+        return (
+            f"its AMQP properties take {size} bytes, more than one frame of this "
+            f"connection holds (frame_max {frame_max})"
+        )
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         """On this connection's loop, ``delay`` seconds from now."""

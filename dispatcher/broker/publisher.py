@@ -54,6 +54,7 @@ from dispatcher.broker.params import Node, Rotation, nodes, reconnect_backoff
 from dispatcher.broker.pika_loop import close_within
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
+from dispatcher.json_format import STRUCTURED_CONTENT_TYPE, to_json
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future, Loop, Timer
 
@@ -132,10 +133,21 @@ class Publisher:
         timeout: float,
     ) -> Future[str | None]:
         """Publish persistently and ``mandatory``; the future says None (confirmed) or why not."""
-        future: Future[str | None] = self._loop.create_future()
         properties = pika.BasicProperties(
             headers=dict(headers), content_type=content_type, delivery_mode=2
         )
+        return self._publish(exchange, routing_key, body, properties, timeout)
+
+    def _publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        timeout: float,
+    ) -> Future[str | None]:
+        future: Future[str | None] = self._loop.create_future()
+        headers = properties.headers
         key = (exchange, routing_key, headers.get("ce-source"), headers.get("ce-id"))
         request = _Request(
             exchange, routing_key, body, properties, key, self._clock() + timeout, future
@@ -158,14 +170,24 @@ class Publisher:
         trace: Mapping[str, str] | None = None,
     ) -> Future[str | None]:
         """``event`` in the binary ``ce-`` header form this dispatcher reads, with the
-        W3C trace headers of the message it came from."""
+        W3C trace headers of the message it came from. An event whose attributes do
+        not fit in one AMQP frame as headers (a frame holds 128 KiB unless the broker
+        says less) goes in the structured form instead, a JSON body, which has no
+        such bound: still a CloudEvent, and whole."""
         headers: dict[str, Any]
         headers, content_type = amqp_binding.to_amqp_headers(event)
         if trace:
             headers.update(trace)
-        return self.publish(
-            exchange, routing_key, event.data or b"", headers, content_type, timeout
+        properties = pika.BasicProperties(
+            headers=headers, content_type=content_type, delivery_mode=2
         )
+        body = event.data or b""
+        if self._link.too_large(properties) is not None:
+            properties = pika.BasicProperties(
+                headers=dict(trace or {}), content_type=STRUCTURED_CONTENT_TYPE, delivery_mode=2
+            )
+            body = to_json(event)
+        return self._publish(exchange, routing_key, body, properties, timeout)
 
     def _wait_for_channel(self, request: _Request) -> None:
         queue = self._queue

@@ -17,12 +17,15 @@ import pytest
 from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
+from dispatcher.json_format import from_structured
 from dispatcher.loop import Future, Loop
 from tests.support import broker
 from tests.support.loops import close_on_loop, run_until
 from tests.support.proxy import FaultProxy
 
 pytestmark = pytest.mark.broker
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 @pytest.fixture
@@ -114,6 +117,57 @@ def test_a_message_that_cannot_be_encoded_fails_alone(publishing):
     finally:
         with contextlib.suppress(Exception):
             broker.delete([queue], [exchange])
+
+
+def big_event(number: int, extensions: int) -> Event:
+    """An event whose attributes take more than one AMQP frame (128 KiB) as headers:
+    the bare booleans a Knative ingress may write become ``ce-`` strings."""
+    attributes = {f"ext{n}": "false" for n in range(extensions)}
+    return Event({**event(number).attributes, **attributes}, b'{"big": true}')
+
+
+def test_properties_larger_than_a_frame_fail_alone_and_the_connection_stays(publishing):
+    """The broker answers such a frame by closing the whole connection (501
+    frame_too_large), failing everything in flight on it; pika sends it regardless."""
+    loop, publisher = publishing
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    try:
+        huge = {"ce-big": "x" * 140_000}
+        futures = [
+            publisher.publish_event(exchange, "", event(1), 10.0),
+            publisher.publish(exchange, "", b"", huge, None, 10.0),
+            publisher.publish_event(exchange, "", event(3), 10.0),
+        ]
+        first, too_large, third = answers(loop, futures)
+        assert (first, third) == (None, None)
+        assert too_large is not None and "more than one frame" in too_large
+        assert "frame_max 131072" in too_large
+        assert publisher.connections_opened == 1
+        assert [p.headers["ce-id"] for p, _body in broker.get_all(queue)] == ["e-1", "e-3"]
+    finally:
+        broker.delete([queue], [exchange])
+
+
+def test_an_event_too_large_for_headers_is_published_whole_in_structured_form(publishing):
+    loop, publisher = publishing
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    big = big_event(1, 8_000)
+    try:
+        futures = [
+            publisher.publish_event(exchange, "", big, 10.0, {"traceparent": TRACEPARENT}),
+            publisher.publish_event(exchange, "", event(2), 10.0),
+        ]
+        assert answers(loop, futures) == [None, None]
+        assert publisher.connections_opened == 1
+        (structured, body), (binary, _) = broker.get_all(queue)
+        assert structured.content_type == "application/cloudevents+json"
+        assert structured.headers == {"traceparent": TRACEPARENT}
+        assert structured.delivery_mode == 2
+        again = from_structured(structured.content_type, body)
+        assert again == big  # every attribute, and the data
+        assert binary.headers["ce-id"] == "e-2"  # the rest stays in binary form
+    finally:
+        broker.delete([queue], [exchange])
 
 
 def test_a_connection_that_never_confirms_is_replaced_not_kept_forever():
