@@ -41,6 +41,10 @@ _UNIT_SECONDS: Final = {
     "h": 3600.0,
 }
 _ISO_SECONDS: Final = {"W": 604800.0, "D": 86400.0, "H": 3600.0, "M": 60.0, "S": 1.0}
+# Longer is never meant, and the values reach bounded C types (a thread's wait
+# holds at most 292 years, libcurl's timeout a long of milliseconds): past them
+# ``check`` said valid and ``run`` crashed at SIGTERM or failed every delivery.
+LONGEST: Final = 3650 * 86400.0  # ten years
 
 
 def parse_duration(value: object, key: str) -> float:
@@ -56,6 +60,8 @@ def parse_duration(value: object, key: str) -> float:
         raise ConfigError(key, f"must be a finite duration, got {show(value)}")
     if seconds < 0:
         raise ConfigError(key, "must be >= 0")
+    if seconds > LONGEST:
+        raise ConfigError(key, f"must be at most 3650 days (ten years), got {show(value)}")
     return seconds + 0.0  # turns "-0s" into 0.0, not -0.0
 
 

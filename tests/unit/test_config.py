@@ -456,6 +456,21 @@ def test_non_finite_durations_are_rejected(value: object) -> None:
         parse_duration(value, "k")
 
 
+@pytest.mark.parametrize("value", ["3000000h", "87601h", "P3651D", 10**32, "1" + "0" * 32 + "s"])
+def test_durations_past_ten_years_are_refused(value: object) -> None:
+    """``check`` passed them and ``run`` crashed at SIGTERM (a thread's wait cannot
+    hold 3,000,000 h) or failed every delivery (libcurl's timeout is a C long)."""
+    with pytest.raises(ConfigError, match="must be at most 3650 days"):
+        parse_duration(value, "k")
+
+
+def test_ten_years_is_the_longest_duration() -> None:
+    assert parse_duration("P3650D", "k") == 3650 * 86400.0
+    assert error_of(shutdown={"grace": "3000000h"}).startswith(
+        "shutdown.grace: must be at most 3650 days"
+    )
+
+
 def test_bad_duration_in_a_file_names_the_key() -> None:
     message = binding_error(delivery={"backoff_delay": "soon"})
     assert message.startswith("bindings[0].delivery.backoff_delay: invalid duration 'soon'")
