@@ -119,6 +119,11 @@ def _store_url(url: str) -> None:
     import redis
 
     try:
-        redis.Redis.from_url(url)  # reads the URL and its query; connects to nothing
+        pool = redis.Redis.from_url(url).connection_pool  # reads the URL and its query
+        # One connection built, and not connected: a query parameter redis-py has
+        # no such keyword for fails here, not on every call of the running service.
+        pool.connection_class(**pool.connection_kwargs)
     except ValueError as e:
         raise ConfigError("dedupe.store", str(e)) from e
+    except TypeError as e:
+        raise ConfigError("dedupe.store", f"a query parameter redis-py does not take: {e}") from e

@@ -46,6 +46,18 @@ def test_a_store_url_redis_cannot_read_is_refused_by_check_naming_its_origin(
     assert error.startswith("dispatcher: DEDUPE_STORE_URL: "), error
 
 
+def test_a_store_url_with_a_parameter_redis_has_no_keyword_for_is_refused_by_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py reads any query parameter into a keyword and only a connection's
+    constructor refuses it: ``check`` said valid and the running service's store
+    stayed down, with a traceback on every probe."""
+    monkeypatch.setenv("DEDUPE_STORE_URL", "redis://:secret@127.0.0.1:6379/0?foo=bar")
+    error = check(tmp_path, {}, capsys)
+    assert error.startswith("dispatcher: DEDUPE_STORE_URL: a query parameter redis-py does not")
+    assert "'foo'" in error and "secret" not in error
+
+
 def test_a_broker_url_from_rabbitmq_url_is_blamed_on_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
