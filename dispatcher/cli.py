@@ -25,6 +25,7 @@ from dispatcher.config import (
     BrokerSettings,
     Settings,
     advice,
+    blame_variables,
     load_batch_settings,
     load_settings,
     parse_duration,
@@ -294,7 +295,7 @@ def _run(settings: Settings, resolved: Resolved) -> int:
             try:
                 service = Service(settings, resolved)
             except ConfigError as e:
-                return _error(str(e), EXIT_USAGE)
+                return _error(str(blame_variables(e, os.environ)), EXIT_USAGE)
             service.start()
             signals.requested.wait()
             service.request_stop()

@@ -81,6 +81,7 @@ from dispatcher.config.settings import (
 )
 from dispatcher.config.sources import (
     DEFAULT_CONFIG_PATH,
+    blame_variables,
     load_batch_settings,
     load_settings,
     settings_from_dict,
@@ -123,6 +124,7 @@ __all__ = [
     "TlsSettings",
     "TracingSettings",
     "advice",
+    "blame_variables",
     "effective_config",
     "http_url_problem",
     "load_batch_settings",

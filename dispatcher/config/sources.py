@@ -211,6 +211,14 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def blame_variables(error: ConfigError, environ: Mapping[str, str]) -> ConfigError:
+    """``error`` naming the variable its key came from, for errors found after the
+    settings were built (the service's listen address taken, say)."""
+    _merged, origins = _apply_env_overrides({}, environ)
+    key = blamed(error.key, origins)
+    return error if key == error.key else ConfigError(key, error.problem)
+
+
 def _apply_env_overrides(
     raw: Mapping[str, object], environ: Mapping[str, str]
 ) -> tuple[dict[str, object], dict[str, str]]:

@@ -7,8 +7,10 @@ import threading
 import time
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
+from dispatcher import cli
 from dispatcher.config import settings_from_dict
 from dispatcher.errors import ConfigError
 from dispatcher.http.server import OpsServer
@@ -58,3 +60,23 @@ def test_a_probe_client_that_sends_nothing_is_dropped_not_kept_forever():
             assert time.monotonic() - started < 15
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("variable", [None, "DISPATCHER_LISTEN"])
+def test_a_listen_address_in_use_names_where_it_came_from(
+    tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable
+) -> None:
+    """The contract: an error names the offending key or variable."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        http = {"listen": "127.0.0.1:0"} if variable else {"listen": listen}
+        if variable:
+            monkeypatch.setenv(variable, listen)
+        path = tmp_path / "dispatcher.yaml"
+        binding = {"name": "b", "queue": "q", "subscriber": "http://127.0.0.1:1/"}
+        path.write_text(yaml.safe_dump({"http": http, "bindings": [binding]}))
+        assert cli.main(["run", "--config", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"dispatcher: {variable or 'http.listen'}: cannot listen on {listen}")
