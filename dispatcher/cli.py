@@ -102,6 +102,13 @@ def _duration(text: str) -> float:
     return value
 
 
+def _folder(text: str) -> str:
+    # "" is the current directory to every file call: never what was meant.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def _instant(text: str) -> dt.datetime:
     try:
         value = isoparse(text)
@@ -122,7 +129,7 @@ def _batch_commands(commands: Any) -> None:
         "file that holds it is written, fsynced and renamed into place.",
     )
     archive.add_argument("--queue", required=True, help="queue to drain (must exist)")
-    archive.add_argument("--out", required=True, metavar="DIR", help="archive folder")
+    archive.add_argument("--out", type=_folder, required=True, metavar="DIR", help="archive folder")
     archive.add_argument("--max-events", type=_positive_int, metavar="N", help="stop after N")
     archive.add_argument(
         "--idle-exit", type=_duration, metavar="DURATION", help="stop when idle this long"
@@ -144,7 +151,7 @@ def _batch_commands(commands: Any) -> None:
         "report.png into OUT.",
     )
     report.add_argument("--logs", required=True, nargs="+", metavar="PATH", help="log input")
-    report.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    report.add_argument("--out", type=_folder, required=True, metavar="DIR", help="output folder")
     _config_option(report)  # its logging section
 
     replay = commands.add_parser(
@@ -154,7 +161,9 @@ def _batch_commands(commands: Any) -> None:
         "DIR) to an existing exchange: persistent, binary ce- headers, confirmed, one "
         "long-lived connection per Spark partition.",
     )
-    replay.add_argument("--archive", required=True, metavar="DIR", help="archive folder")
+    replay.add_argument(
+        "--archive", type=_folder, required=True, metavar="DIR", help="archive folder"
+    )
     replay.add_argument("--exchange", required=True, help="exchange ('' = default); must exist")
     replay.add_argument("--routing-key", default="", metavar="K", help="routing key")
     replay.add_argument("--type", help="only events of this type")
@@ -170,6 +179,7 @@ def _batch_commands(commands: Any) -> None:
     )
     replay.add_argument(
         "--out",
+        type=_folder,
         metavar="DIR",
         help="where counts.json, rejects/ and failed/ go (default: ./replay-<UTC time>)",
     )

@@ -1,0 +1,26 @@
+"""The batch commands' folder flags: refused by argparse (exit 2) before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher import cli
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["archive", "--queue", "q", "--out", ""],
+        ["report", "--logs", "x.log", "--out", " "],
+        ["replay", "--archive", "", "--exchange", "x"],
+        ["replay", "--archive", "a", "--exchange", "x", "--out", ""],
+    ],
+)
+def test_an_empty_folder_is_refused_not_read_as_the_current_directory(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out ""`` wrote the archive into the current directory."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert "must not be empty" in capsys.readouterr().err
