@@ -246,6 +246,8 @@ def existing_file(value: object, key: str) -> str:
     path = non_empty_string(value, key)
     # Relative paths are relative to the working directory, as they will be
     # when the TLS context is built.
+    if os.path.isdir(path):
+        raise ConfigError(key, f"is a directory, not a file: {path}")
     if not os.path.isfile(path):
         raise ConfigError(key, f"file not found: {path}")
     return path

@@ -1279,6 +1279,11 @@ def test_tls_file_must_exist(tmp_path: Path) -> None:
     assert message == f"broker.tls.ca_file: file not found: {missing}"
 
 
+def test_a_directory_given_as_a_file_is_called_a_directory(tmp_path: Path) -> None:
+    message = error_of(broker={"tls": {"ca_file": str(tmp_path)}})
+    assert message == f"broker.tls.ca_file: is a directory, not a file: {tmp_path}"
+
+
 def test_tls_cert_without_key(tls_files: dict[str, str]) -> None:
     message = binding_error(tls={"cert_file": tls_files["cert.pem"]})
     assert message == "bindings[0].tls.key_file: required when cert_file is set"
