@@ -76,13 +76,21 @@ def parse_head(lines: list[bytes]) -> dict[str, str]:
 
     A client may hand over every header block it read (a ``100 Continue``
     first, say); only the last one, after the last status line, is the
-    response's.
+    response's. What follows a block's blank line without a status line is a
+    chunked body's trailers (curl hands them over too): never read as headers,
+    or a plain answer's trailers could make it a reply.
     """
     headers: dict[str, str] = {}
+    ended = False
     for raw in lines:
         line = raw.decode("latin-1").rstrip("\r\n")
         if line.startswith("HTTP/"):
             headers = {}
+            ended = False
+            continue
+        if not line:
+            ended = True
+        if ended:
             continue
         name, sep, value = line.partition(":")
         if sep and name and not name[0].isspace():

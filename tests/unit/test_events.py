@@ -274,6 +274,29 @@ def test_a_reply_header_that_is_not_utf_8_is_refused_not_replaced(raw: bytes) ->
         http_binding.from_http_response(_binary_reply(subject=raw), b"")
 
 
+def test_a_chunked_answers_trailers_are_not_its_headers() -> None:
+    """The lines curl hands over for a chunked 200 with trailers (checked with
+    pycurl against a server that sends them): a plain answer whose trailers say
+    ``ce-specversion`` is no reply."""
+    lines = [
+        b"HTTP/1.1 200 OK\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+        b"Trailer: ce-specversion\r\n",
+        b"\r\n",
+        b"ce-specversion: 1.0\r\n",
+        b"ce-id: x\r\n",
+    ]
+    headers = parse_head(lines)
+    assert headers == {"transfer-encoding": "chunked", "trailer": "ce-specversion"}
+    assert http_binding.from_http_response(headers, b"ok") is None
+
+
+def test_only_the_final_responses_headers_count() -> None:
+    lines = [b"HTTP/1.1 100 Continue\r\n", b"ce-id: early\r\n", b"\r\n"]
+    lines += [b"HTTP/1.1 200 OK\r\n", b"content-type: text/plain\r\n", b"\r\n"]
+    assert parse_head(lines) == {"content-type": "text/plain"}
+
+
 def test_invalid_reply_raises():
     with pytest.raises(EventError, match="missing required attribute"):
         http_binding.from_http_response({"ce-specversion": "1.0", "ce-source": "/r"}, b"")
