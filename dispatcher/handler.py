@@ -165,9 +165,15 @@ class Handler:
     ) -> _Final:
         """The message's fate. The outcome of a message that writes no delivery
         line (filtered, a suppressed duplicate, a busy claim) is its span's."""
-        if problem is None and self._accepts is not None and not self._accepts(event.attributes):
-            self._filtered(event, received.redelivered)
-            return _Final(Action.ACK, Outcome.FILTERED, 0, None)
+        if problem is None and self._accepts is not None:
+            try:
+                accepted = self._accepts(event.attributes)
+            except Exception as e:  # a bug met by this event must not loop it: dead-letter it
+                self._log.exception("internal error while filtering", ce_id=event.id)
+                problem, accepted = f"internal error: {type(e).__name__}: {e}", True
+            if not accepted:
+                self._filtered(event, received.redelivered)
+                return _Final(Action.ACK, Outcome.FILTERED, 0, None)
         claim = await self._claim(event, received.redelivered)
         if isinstance(claim, Action):
             return _Final(claim, _CLAIM_OUTCOMES.get(claim), 0, None)

@@ -304,6 +304,7 @@ class Row:
     dedupe: str = "memory"
     shutdown: str = "never"  # before: give_up() first; in_backoff: during the requeue wait
     channel_open: bool = True  # False: the message's channel closed before anything was sent
+    filter_raises: bool = False  # the binding's filter meets a bug (raises) on this event
     # -- then
     action: Action = Action.ACK
     outcome: str | None = None  # the line's and the counter's; None: neither
@@ -596,6 +597,21 @@ ROWS = [
         letters=(("sink", "-1"), ("sink", "-1")),
         letter_reason="internal error: RuntimeError: boom",
         last_letter_wrapped=True,
+    ),
+    Row(
+        # A bug in filtering (CESQL's int() once raised on 5,000 digits) went to the
+        # engine, which requeued the message: every second, for ever.
+        "filter-error-dead-lettered-with-reason-not-looped",
+        binding=config(SINK),
+        filter_raises=True,
+        sink=(ok(),),
+        sends=0,
+        outcome="dead_lettered",
+        status=-1,
+        attempts=0,
+        reason="internal error: RuntimeError: filter boom",
+        letters=(("sink", "-1"),),
+        letter_reason="internal error: RuntimeError: filter boom",
     ),
     # ------------------------------------------------------------ dead-letter targets
     Row(
@@ -1089,7 +1105,7 @@ def run(row: Row, messages: int = 1) -> Ran:
             metrics.binding("b"),
             waits,
             lines,
-            compile_filter(binding),
+            _raising_filter if row.filter_raises else compile_filter(binding),
         )
         if row.shutdown == "before":
             waits.give_up()
@@ -1105,6 +1121,10 @@ def run(row: Row, messages: int = 1) -> Ran:
     finally:
         loop.close()
     return Ran(action, subscriber, sink, reply_url, publisher, waits, lines.lines, metrics, dedupe)
+
+
+def _raising_filter(_attributes: Mapping[str, str]) -> bool:
+    raise RuntimeError("filter boom")
 
 
 def make_dedupe(
