@@ -66,8 +66,23 @@ def instant(event: Event) -> dt.datetime | None:
         except (ValueError, OverflowError):
             continue  # from_line validated ``time``; a broken ARCHIVED falls through
         if value.tzinfo is not None:
-            return value.astimezone(dt.UTC)
+            return _in_utc(value)
     return None
+
+
+_EARLIEST: Final = dt.datetime.min.replace(tzinfo=dt.UTC)
+_LATEST: Final = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
+def _in_utc(value: dt.datetime) -> dt.datetime:
+    """``value`` in UTC; a time in year 1 or 9999 whose offset takes it outside
+    those years is the first or last instant Python holds. A valid ``time``
+    (``9999-12-31T23:59:59-01:00``) raised OverflowError here: ``archive`` crashed
+    on it every run with its batch unacked, ``replay`` lost the whole job."""
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        return _LATEST if value.year == dt.MAXYEAR else _EARLIEST
 
 
 def partition_date(event: Event, archived_at: dt.datetime) -> str:

@@ -209,3 +209,27 @@ def test_the_time_attribute_decides_the_folder_in_utc():
     date, event, _ = record(AmqpMessage(b"{}", headers, "application/json"))
     assert date == "2026-03-05"
     assert event.attributes[records.ARCHIVED] == "2026-07-08T09:10:11Z"
+
+
+@pytest.mark.parametrize(
+    ("time", "date", "instant"),
+    [
+        ("9999-12-31T23:59:59-01:00", "9999-12-31", dt.datetime.max.replace(tzinfo=dt.UTC)),
+        ("0001-01-01T00:00:00+01:00", "0001-01-01", dt.datetime.min.replace(tzinfo=dt.UTC)),
+        (
+            "2026-11-20T23:30:00-01:00",
+            "2026-11-21",
+            dt.datetime(2026, 11, 21, 0, 30, tzinfo=dt.UTC),
+        ),
+    ],
+)
+def test_a_time_at_the_edge_of_the_calendar_is_placed_not_a_crash(time, date, instant):
+    """A valid ``time`` whose offset takes it outside years 1-9999 raised OverflowError
+    in the conversion to UTC: ``archive`` crashed on it every run, its batch unacked,
+    and ``replay`` lost its whole job. It is the first or last instant Python holds."""
+    event = events.validated(
+        {"specversion": "1.0", "id": "e", "source": "/s", "type": "t", "time": time}, b""
+    )
+    again = records.from_line(records.line(event))
+    assert records.instant(again) == instant
+    assert records.partition_date(again, NOW) == date
