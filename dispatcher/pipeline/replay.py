@@ -52,7 +52,7 @@ from dispatcher.broker.params import connect_blocking, nodes, redacted_urls
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed, BatchInputError, EventError
 from dispatcher.events import Event
-from dispatcher.pipeline import progress, records
+from dispatcher.pipeline import inputs, progress, records
 from dispatcher.pipeline import spark as spark_session
 from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
 
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ARCHIVE_FILES: Final = "*.{jsonl,jsonl.gz}"
+ARCHIVE_NAMES: Final = ("*.jsonl", "*.jsonl.gz")  # the same, as fnmatch reads names
 # Columns of a parsed line (a DDL schema); a reject has only file, line and reason.
 PARSED_SCHEMA: Final = (
     "source STRING, id STRING, type STRING, instant_us BIGINT, headers STRING, "
@@ -108,9 +109,16 @@ def command(args: argparse.Namespace, broker: BrokerSettings, _stop: threading.E
     A signal cancels the Spark job (the frame does); ``_stop`` is not polled here."""
     spark_session.require_pyspark()
     options = _options(args)
+    files = inputs.local_files([options.archive], ARCHIVE_NAMES)
+    inputs.check("--archive", files)
     check_exchange(broker, options.exchange)
     with spark_session.session("replay") as spark:
-        counts = _replay_showing_progress(spark, broker, options)
+        try:
+            counts = _replay_showing_progress(spark, broker, options)
+        except Exception:
+            if not _stop.is_set():  # a signal's cancel is the frame's to say
+                inputs.refuse_broken_gzip("--archive", files)
+            raise
     line = _summary_line(counts, options)
     if counts.failed:
         raise BatchFailed(f"{counts.failed} events were not published", summary=line)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher.errors import BatchInputError
-from dispatcher.pipeline import chart, progress
+from dispatcher.pipeline import chart, inputs, progress
 from dispatcher.pipeline import spark as spark_session
 
 if TYPE_CHECKING:
@@ -90,10 +90,17 @@ def command(args: argparse.Namespace, _broker: object, _stop: threading.Event) -
     A signal cancels the Spark job (the frame does); ``_stop`` is not polled here."""
     spark_session.require_pyspark()
     out = _output_folder(args.out)
+    files = inputs.local_files(args.logs)
+    inputs.check("--logs", files)
     with spark_session.session("report") as spark:
         paths = _input_paths(spark, args.logs)
         with progress.Progress().polling(progress.SparkBytesRead(spark)):
-            report = build(spark, paths)
+            try:
+                report = build(spark, paths)
+            except Exception:
+                if not _stop.is_set():  # a signal's cancel is the frame's to say
+                    inputs.refuse_broken_gzip("--logs", files)
+                raise
             write(spark, report, out, args.logs)
     return (
         f"read {report.lines} lines: {report.records} delivery records, skipped "

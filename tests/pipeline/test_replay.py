@@ -295,3 +295,17 @@ def test_an_archive_with_no_files_publishes_nothing(
     assert code == 0, err
     assert "published 0," in out and "of 0 lines" in out
     assert received(queue) == []
+
+
+def test_a_broken_gzip_file_is_exit_2_naming_it_and_nothing_is_published(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    exchange, queue = target
+    day = tmp_path / "archive" / "date=2026-11-20"
+    day.mkdir(parents=True)
+    (day / "part-a.jsonl").write_bytes(records.to_line(make_events(1)[0], ARCHIVED_AT) + b"\n")
+    (day / "part-b.jsonl.gz").write_bytes(b"a copy that is not gzip\n")
+    code, _out, err = replay_folder(tmp_path, exchange, capsys)
+    assert code == 2
+    assert f"--archive: cannot read {day / 'part-b.jsonl.gz'} (Not a gzipped file" in err
+    assert received(queue) == []

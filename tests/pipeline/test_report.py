@@ -227,3 +227,20 @@ def test_the_rest_s_row_over_time_holds_every_binding_not_shown(spark: Any, tmp_
     assert [(row["delivered"], row["p95_ms"]) for row in built.timeline] == [
         (2, 1.0), (2, 2.0), (2, 3.0), (2, 4.0)
     ]  # fmt: skip
+
+
+def test_a_broken_gzip_file_is_exit_2_naming_it_not_a_crash(
+    spark: Any, generated: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: Any
+) -> None:
+    """Spark stops the whole job at a truncated .gz with an EOFException that names
+    no file; the command said 'report crashed' with a Java trace."""
+    folder, _ = generated
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    whole = next(folder.glob("*.gz")).read_bytes()
+    (logs / "rotated.log.gz").write_bytes(whole[: len(whole) // 2])
+    code = cli.main(["report", "--logs", str(logs), "--out", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--logs: cannot read {logs / 'rotated.log.gz'} (truncated" in err
+    assert "crashed" not in err
