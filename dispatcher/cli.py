@@ -109,6 +109,13 @@ def _folder(text: str) -> str:
     return text
 
 
+def _short_string(text: str) -> str:
+    # AMQP names are short strings: pika raises ShortStringTooLong past 255 bytes.
+    if len(text.encode("utf-8")) > 255:
+        raise argparse.ArgumentTypeError("must be at most 255 bytes (an AMQP short string)")
+    return text
+
+
 def _instant(text: str) -> dt.datetime:
     try:
         value = isoparse(text)
@@ -164,8 +171,15 @@ def _batch_commands(commands: Any) -> None:
     replay.add_argument(
         "--archive", type=_folder, required=True, metavar="DIR", help="archive folder"
     )
-    replay.add_argument("--exchange", required=True, help="exchange ('' = default); must exist")
-    replay.add_argument("--routing-key", default="", metavar="K", help="routing key")
+    replay.add_argument(
+        "--exchange",
+        type=_short_string,
+        required=True,
+        help="exchange ('' = default); must exist",
+    )
+    replay.add_argument(
+        "--routing-key", type=_short_string, default="", metavar="K", help="routing key"
+    )
     replay.add_argument("--type", help="only events of this type")
     replay.add_argument("--source", help="only events from this source")
     replay.add_argument("--since", type=_instant, metavar="TS", help="from this instant (incl.)")

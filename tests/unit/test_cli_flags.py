@@ -24,3 +24,16 @@ def test_an_empty_folder_is_refused_not_read_as_the_current_directory(
         cli.main(argv)
     assert exit_info.value.code == 2
     assert "must not be empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--exchange", "--routing-key"])
+def test_an_amqp_name_longer_than_a_short_string_is_refused(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pika's ShortStringTooLong crashed the command (exchange) or failed every
+    record (routing key)."""
+    argv = ["replay", "--archive", "a", "--exchange", "x", flag, "\u00e9" * 128]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert "must be at most 255 bytes" in capsys.readouterr().err
