@@ -89,6 +89,7 @@ def command(args: argparse.Namespace, _broker: object, _stop: threading.Event) -
     """``dispatcher report`` inside the commands' frame (``dispatcher.cli``): the summary.
     A signal cancels the Spark job (the frame does); ``_stop`` is not polled here."""
     spark_session.require_pyspark()
+    _refuse_out_inside_logs(args.out, args.logs)
     out = _output_folder(args.out)
     files = inputs.local_files(args.logs)
     inputs.check("--logs", files)
@@ -108,6 +109,21 @@ def command(args: argparse.Namespace, _broker: object, _stop: threading.Event) -
         f"{report.malformed} malformed)\nwrote {out}/summary.csv, errors.csv, attempts.csv, "
         "summary.md, report.png and the Parquet tables"
     )
+
+
+def _refuse_out_inside_logs(out: str, logs: Sequence[str]) -> None:
+    """A second run would read the first one's output as logs (counted skipped)."""
+    where = Path(out).resolve()
+    for given in logs:
+        folder = Path(given)
+        if "://" in given or not folder.is_dir():
+            continue
+        folder = folder.resolve()
+        if where == folder or folder in where.parents:
+            raise BatchInputError(
+                f"--out {out} is inside --logs {given}: the report would read its own "
+                "output next time; use another --out"
+            )
 
 
 def _output_folder(out: str) -> Path:

@@ -37,3 +37,14 @@ def test_an_amqp_name_longer_than_a_short_string_is_refused(
         cli.main(argv)
     assert exit_info.value.code == 2
     assert "must be at most 255 bytes" in capsys.readouterr().err
+
+
+def test_a_report_written_inside_its_logs_folder_is_refused(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The next run read the report's own files as log lines, counted as skipped."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert cli.main(["report", "--logs", str(logs), "--out", str(logs / "report")]) == 2
+    assert "is inside --logs" in capsys.readouterr().err
+    assert not (logs / "report").exists()
