@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dispatcher import cesql
 from dispatcher.config import knative
 from dispatcher.config.filter_tree import CesqlFilter, FilterEntry, NestingFilter
-from dispatcher.config.settings import UNACKED_MAX, BindingSettings, Settings
+from dispatcher.config.settings import UNACKED_MAX, BindingSettings, Settings, TlsSettings
 from dispatcher.retry import JITTER, Backoff
 
 
@@ -38,6 +38,7 @@ def advice(settings: Settings, environ: Mapping[str, str] | None = None) -> list
                 "(only http/protobuf): tracing is off",
             )
         )
+    found.extend(_unused_tls(settings))
     for index, binding in enumerate(settings.bindings):
         key = f"bindings[{index}]"
         dead_letter = binding.dead_letter
@@ -58,6 +59,29 @@ def advice(settings: Settings, environ: Mapping[str, str] | None = None) -> list
         found.extend(_window_too_long(binding, key))
         found.extend(_rate_too_low(binding, key))
     return found
+
+
+def _unused_tls(settings: Settings) -> Iterator[Advice]:
+    """TLS files given where no URL is TLS: read by nothing, said by nothing."""
+    urls = settings.broker.urls
+    if _names_files(settings.broker.tls) and not any(
+        url.lower().startswith("amqps://") or "ssl_options" in url for url in urls
+    ):
+        yield Advice("broker.tls", "is not used: no broker.url is amqps://")
+    for index, binding in enumerate(settings.bindings):
+        targets = (binding.subscriber, binding.dead_letter.sink, binding.reply.url)
+        if _names_files(binding.tls) and not any(
+            url is not None and url.lower().startswith("https://") for url in targets
+        ):
+            yield Advice(
+                f"bindings[{index}].tls",
+                "is not used: none of the binding's URLs (subscriber, dead-letter sink, "
+                "reply URL) is https://",
+            )
+
+
+def _names_files(tls: TlsSettings) -> bool:
+    return any(path is not None for path in (tls.ca_file, tls.cert_file, tls.key_file))
 
 
 def fastest_retries(binding: BindingSettings) -> float:

@@ -778,6 +778,26 @@ def test_check_advises_that_filter_is_ignored_beside_filters() -> None:
 
 
 @pytest.mark.parametrize(
+    ("broker_url", "subscriber", "sink", "said"),
+    [
+        ("amqp://h/%2F", "http://s/", None, ["broker.tls", "bindings[0].tls"]),
+        ("amqps://h/%2F", "http://s/", "https://dl/", []),
+        (["amqp://a/%2F", "amqps://b/%2F"], "https://s/", None, []),
+    ],
+)
+def test_check_says_tls_files_that_no_url_uses(
+    tls_files: dict[str, str], broker_url: Any, subscriber: str, sink: str | None, said: list[str]
+) -> None:
+    """Given with plain amqp:// and http:// URLs, they are read by nothing."""
+    tls = {"ca_file": tls_files["ca.pem"]}
+    binding = {"name": "b", "queue": "q", "subscriber": subscriber, "tls": tls}
+    binding["dead_letter"] = {"sink": sink} if sink else {"exchange": "dlx"}
+    raw = {"broker": {"url": broker_url, "tls": tls}, "bindings": [binding]}
+    settings = settings_from_dict(raw, {})
+    assert [found.key for found in advice(settings) if found.key.endswith(".tls")] == said
+
+
+@pytest.mark.parametrize(
     ("delivery", "window", "warned"),
     [
         # 0.8 x (500ms + 1s + 2s) = 2.8 s at the fastest
