@@ -11,8 +11,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from dispatcher import cesql
-from dispatcher.config import knative
+from dispatcher.config import knative, otel
 from dispatcher.config.filter_tree import CesqlFilter, FilterEntry, NestingFilter
+from dispatcher.config.redaction import redact_url
 from dispatcher.config.settings import UNACKED_MAX, BindingSettings, Settings, TlsSettings
 from dispatcher.retry import JITTER, Backoff
 
@@ -36,6 +37,14 @@ def advice(settings: Settings, environ: Mapping[str, str] | None = None) -> list
                 "K_OBSERVABILITY_CONFIG",
                 f"asks for tracing over {protocol}, which this dispatcher does not speak "
                 "(only http/protobuf): tracing is off",
+            )
+        )
+    signal = (environ or {}).get(otel.TRACES_ENDPOINT)
+    if signal and settings.tracing.enabled:
+        found.append(
+            Advice(
+                "tracing.endpoint",
+                f"is not used: {otel.TRACES_ENDPOINT} sends the spans to {redact_url(signal)}",
             )
         )
     found.extend(_unused_tls(settings))

@@ -71,6 +71,19 @@ def test_an_endpoint_variable_turns_tracing_on():
     assert traces_url(t, signal) == "http://collector:9999/custom/path"
 
 
+def test_check_says_the_endpoint_is_not_used_when_the_signal_s_own_variable_is_set():
+    """``check`` printed ``tracing.endpoint`` and nothing else: a user who edited it
+    saw no effect, since spans went to the signal's endpoint."""
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://user:secret@c:9999/custom"}
+    said = [str(a) for a in advice(load(BINDINGS, env), env) if a.key == "tracing.endpoint"]
+    assert said == [
+        "tracing.endpoint: is not used: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT sends the spans "
+        "to http://user:***@c:9999/custom"
+    ]
+    off = {**env, "OTEL_SDK_DISABLED": "true"}
+    assert not [a for a in advice(load(BINDINGS, off), off) if a.key == "tracing.endpoint"]
+
+
 def test_otel_sdk_disabled_wins_over_the_file_and_the_endpoint():
     env = {"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
     assert not tracing(env, enabled=True).enabled
