@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import ssl
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pika
 
@@ -68,6 +69,11 @@ def check_broker(broker: BrokerSettings) -> None:
     hosts = set()
     for index, url in enumerate(urls):
         key = "broker.url" if isinstance(broker.url, str) else f"broker.url[{index}]"
+        if _user_without_password(url):
+            # pika's own error says "argument of type 'NoneType' is not iterable".
+            raise ConfigError(
+                key, f"{show(url)} names a user without a password: write user:password@host"
+            )
         try:
             hosts.add(pika.URLParameters(url).virtual_host)
         except Exception as e:  # ValueError, TypeError, OSError or ssl's errors
@@ -76,6 +82,12 @@ def check_broker(broker: BrokerSettings) -> None:
         raise ConfigError("broker.url", "every node of one cluster must name the same virtual host")
     if any(url.lower().startswith("amqps://") or "ssl_options" in url for url in urls):
         _loads(broker.tls, "broker.tls")  # what every amqps connection is wrapped in
+
+
+def _user_without_password(url: str) -> bool:
+    netloc = urlsplit(url).netloc
+    userinfo, at, _host = netloc.rpartition("@")
+    return bool(at) and bool(userinfo) and ":" not in userinfo
 
 
 def _binding(index: int, binding: BindingSettings) -> BindingEndpoints:

@@ -67,6 +67,16 @@ def test_a_broker_url_from_rabbitmq_url_is_blamed_on_it(
     assert "cafile, capath and cadata cannot be all omitted" in error
 
 
+def test_a_broker_url_with_a_user_and_no_password_is_refused_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pika's own error for it: "argument of type 'NoneType' is not iterable"."""
+    monkeypatch.setenv("RABBITMQ_URL", "amqp://guest@localhost/%2F")
+    error = check(tmp_path, {}, capsys)
+    assert error.startswith("dispatcher: RABBITMQ_URL: 'amqp://guest@localhost/%2F' names a user")
+    assert "without a password" in error
+
+
 def test_in_knative_mode_the_broker_url_is_blamed_on_the_variable_that_gave_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
