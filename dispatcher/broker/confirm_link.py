@@ -35,7 +35,7 @@ long its channel was in use.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from functools import partial
 from typing import Any, Final, Generic, TypeVar
 
@@ -85,6 +85,14 @@ def properties_size(properties: pika.BasicProperties, frame_max: int) -> int | N
     return _FRAME_OVERHEAD + _HEADER_FIELDS + sum(map(len, encoded))
 
 
+def _long_name(headers: Mapping[str, object]) -> str | None:
+    """A header name longer than 255 bytes (a short string), which pika cannot send."""
+    for name in headers:
+        if len(name) > 63 and len(name.encode("utf-8")) > 255:
+            return name
+    return None
+
+
 class ConfirmLink(Generic[T]):
     """Callbacks run on the loop the connection was opened on."""
 
@@ -94,7 +102,7 @@ class ConfirmLink(Generic[T]):
         on_ready: Callable[[], None],
         on_confirmed: Callable[[list[tuple[T, str | None]], bool], None],
         on_lost: Callable[[list[T], str], None],
-        returned: Callable[[Any, Any], tuple[Hashable, str]],
+        returned: Callable[[Any, Any, bytes], tuple[Hashable, str]],
         reopen_channel: bool,
         on_open: Callable[[Any], None] | None = None,
         role: str | None = None,
@@ -103,7 +111,7 @@ class ConfirmLink(Generic[T]):
         self._on_ready = on_ready
         self._on_confirmed = on_confirmed
         self._on_lost = on_lost
-        # A basic.return's method and properties -> its publish's key, and the reason.
+        # A basic.return's method, properties and body -> its publish's key, and the reason.
         self._returned = returned
         self._reopen_channel = reopen_channel
         self._on_open = on_open  # the connection opened: e.g. to hear Connection.Blocked
@@ -214,6 +222,9 @@ class ConfirmLink(Generic[T]):
             if connection is not None
             else pika.ConnectionParameters.DEFAULT_FRAME_MAX
         )
+        long_name = _long_name(properties.headers or {})
+        if long_name is not None:
+            return f"its header name {long_name[:40]!r}... is longer than an AMQP short string"
         try:
             size = properties_size(properties, frame_max)
         except (pika.exceptions.ShortStringTooLong, ValueError, TypeError):
@@ -330,9 +341,9 @@ class ConfirmLink(Generic[T]):
         self._channel_failures += 1
         connection.ioloop.call_later(delay, partial(self._open_channel, connection))
 
-    def _on_return(self, _channel: Any, method: Any, properties: Any, _body: bytes) -> None:
+    def _on_return(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
         # A return comes before the confirm of the same message.
-        self.window.returned(*self._returned(method, properties))
+        self.window.returned(*self._returned(method, properties, body))
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method

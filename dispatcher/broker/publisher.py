@@ -39,6 +39,7 @@ Messages are ``mandatory``: an event routed nowhere was accepted by no one.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -136,7 +137,8 @@ class Publisher:
         properties = pika.BasicProperties(
             headers=dict(headers), content_type=content_type, delivery_mode=2
         )
-        return self._publish(exchange, routing_key, body, properties, timeout)
+        key = (exchange, routing_key, headers.get("ce-source"), headers.get("ce-id"))
+        return self._publish(exchange, routing_key, body, properties, timeout, key)
 
     def _publish(
         self,
@@ -145,10 +147,9 @@ class Publisher:
         body: bytes,
         properties: pika.BasicProperties,
         timeout: float,
+        key: tuple[str, str, object, object],
     ) -> Future[str | None]:
         future: Future[str | None] = self._loop.create_future()
-        headers = properties.headers
-        key = (exchange, routing_key, headers.get("ce-source"), headers.get("ce-id"))
         request = _Request(
             exchange, routing_key, body, properties, key, self._clock() + timeout, future
         )
@@ -187,7 +188,10 @@ class Publisher:
                 headers=dict(trace or {}), content_type=STRUCTURED_CONTENT_TYPE, delivery_mode=2
             )
             body = to_json(event)
-        return self._publish(exchange, routing_key, body, properties, timeout)
+        # The event's identity, whatever the form: a return is matched to its publish
+        # by it (``_returned`` reads it back from the headers, or a structured body).
+        key = (exchange, routing_key, event.source, event.id)
+        return self._publish(exchange, routing_key, body, properties, timeout, key)
 
     def _wait_for_channel(self, request: _Request) -> None:
         queue = self._queue
@@ -315,10 +319,26 @@ def _answer(request: _Request, error: str | None) -> None:
         request.future.resolve(error)
 
 
-def _returned(method: Any, properties: Any) -> tuple[tuple[str, str, object, object], str]:
+def _returned(
+    method: Any, properties: Any, body: bytes
+) -> tuple[tuple[str, str, object, object], str]:
     headers = properties.headers or {}
-    key = (method.exchange, method.routing_key, headers.get("ce-source"), headers.get("ce-id"))
+    source, event_id = headers.get("ce-source"), headers.get("ce-id")
+    if event_id is None and (properties.content_type or "").startswith(STRUCTURED_CONTENT_TYPE):
+        source, event_id = _identity(body)
+    key = (method.exchange, method.routing_key, source, event_id)
     return key, (
         f"unroutable: exchange {method.exchange!r} routed it to no queue "
         f"({method.reply_code} {method.reply_text})"
     )
+
+
+def _identity(body: bytes) -> tuple[object, object]:
+    """A structured event's source and id, read back from a returned message."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None, None
+    if not isinstance(document, dict):
+        return None, None
+    return document.get("source"), document.get("id")

@@ -248,7 +248,7 @@ class ConfirmedPublisher:
         self._pump()
 
 
-def _returned(method: Any, properties: Any) -> tuple[tuple[str, str], str]:
+def _returned(method: Any, properties: Any, _body: bytes) -> tuple[tuple[str, str], str]:
     # Matched by the event's identity (unique within a replay, as duplicates are dropped).
     headers = properties.headers or {}
     key = (str(headers.get("ce-source")), str(headers.get("ce-id")))

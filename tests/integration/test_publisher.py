@@ -170,6 +170,50 @@ def test_an_event_too_large_for_headers_is_published_whole_in_structured_form(pu
         broker.delete([queue], [exchange])
 
 
+def test_an_event_whose_header_name_is_no_short_string_goes_structured(publishing):
+    loop, publisher = publishing
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    long_name = Event({**event(1).attributes, "x" * 300: "v"}, b"{}")
+    try:
+        assert answers(loop, [publisher.publish_event(exchange, "", long_name, 10.0)]) == [None]
+        [(properties, body)] = broker.get_all(queue)
+        assert properties.content_type == "application/cloudevents+json"
+        assert from_structured(properties.content_type, body) == long_name
+    finally:
+        broker.delete([queue], [exchange])
+
+
+def test_a_structured_publish_returned_fails_itself_not_another_in_flight(publishing):
+    """Two structured publishes to one exchange and routing key, the first routed
+    (its confirm waits for the disk), the second routed nowhere (returned at
+    once): the return is the second's. Matched by a key without the event's
+    identity, it was charged to the first, and the second, accepted, would have
+    had its message acked with its dead letter nowhere."""
+    loop, publisher = publishing
+    exchange, queue = broker.unique("pub-hdr"), broker.unique("pub-hdrq")
+    with broker.channel() as ch:
+        ch.exchange_declare(exchange, "headers")
+        ch.queue_declare(queue)
+        ch.queue_bind(queue, exchange, arguments={"x-match": "all", "traceparent": TRACEPARENT})
+    other = TRACEPARENT.replace("b7ad", "c8be")
+    try:
+        for _round in range(5):
+            futures = [
+                publisher.publish_event(exchange, "k", big_event(1, 8_000), 10.0,
+                                        {"traceparent": TRACEPARENT}),
+                publisher.publish_event(exchange, "k", big_event(2, 8_000), 10.0,
+                                        {"traceparent": other}),
+            ]  # fmt: skip
+            routed, nowhere = answers(loop, futures)
+            assert routed is None
+            assert nowhere is not None and nowhere.startswith("unroutable")
+        assert [from_structured(p.content_type, b).id for p, b in broker.get_all(queue)] == [
+            "e-1"
+        ] * 5
+    finally:
+        broker.delete([queue], [exchange])
+
+
 def test_a_connection_that_never_confirms_is_replaced_not_kept_forever():
     """A broker that stays up and confirms nothing (a quorum queue without a
     majority): the requests are answered at their timeout, and the connection
