@@ -261,6 +261,7 @@ def test_an_integer_string_of_any_length_casts_or_fails_as_a_cast(
 def test_an_integer_literal_of_any_length_is_a_compile_error() -> None:
     with pytest.raises(CesqlError, match="is not a 32-bit integer"):
         parse("num > " + "9" * 5_000)
+    assert parse("num = " + "0" * 5_000 + "7").passes({"num": "7"})
 
 
 def _like_by_regex(pattern: str, value: str) -> bool:
