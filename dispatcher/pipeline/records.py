@@ -56,7 +56,8 @@ def from_line(line: str | bytes) -> Event:
 
 
 def instant(event: Event) -> dt.datetime | None:
-    """When the event happened (``time``), else when it was archived; aware, UTC."""
+    """When the event happened (``time``), else when it was archived; aware, in UTC
+    where Python's datetime can hold it there (``_in_utc``)."""
     for name in ("time", ARCHIVED):
         text = event.attributes.get(name)
         if text is None:
@@ -75,19 +76,22 @@ _LATEST: Final = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 
 def _in_utc(value: dt.datetime) -> dt.datetime:
-    """``value`` in UTC; a time in year 1 or 9999 whose offset takes it outside
-    those years is the first or last instant Python holds. A valid ``time``
-    (``9999-12-31T23:59:59-01:00``) raised OverflowError here: ``archive`` crashed
-    on it every run with its batch unacked, ``replay`` lost the whole job."""
+    """``value`` in UTC; as it is when its offset takes it outside years 1-9999 in
+    UTC (``9999-12-31T23:59:59-01:00``): still aware, still the same instant for
+    every comparison and difference. ``astimezone`` raised OverflowError on it:
+    ``archive`` crashed on it every run with its batch unacked, ``replay`` lost
+    the whole job."""
     try:
         return value.astimezone(dt.UTC)
     except OverflowError:
-        return _LATEST if value.year == dt.MAXYEAR else _EARLIEST
+        return value
 
 
 def partition_date(event: Event, archived_at: dt.datetime) -> str:
     """``YYYY-MM-DD`` (UTC) of the folder the event is archived in."""
     when = instant(event) or archived_at.astimezone(dt.UTC)
+    if when.utcoffset():  # outside what Python holds in UTC: the calendar's edge
+        when = _LATEST if when.year == dt.MAXYEAR else _EARLIEST
     return when.date().isoformat()
 
 

@@ -214,8 +214,16 @@ def test_the_time_attribute_decides_the_folder_in_utc():
 @pytest.mark.parametrize(
     ("time", "date", "instant"),
     [
-        ("9999-12-31T23:59:59-01:00", "9999-12-31", dt.datetime.max.replace(tzinfo=dt.UTC)),
-        ("0001-01-01T00:00:00+01:00", "0001-01-01", dt.datetime.min.replace(tzinfo=dt.UTC)),
+        (
+            "9999-12-31T23:59:59-01:00",
+            "9999-12-31",
+            dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.timezone(-dt.timedelta(hours=1))),
+        ),
+        (
+            "0001-01-01T00:00:00+01:00",
+            "0001-01-01",
+            dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1))),
+        ),
         (
             "2026-11-20T23:30:00-01:00",
             "2026-11-21",
@@ -226,7 +234,8 @@ def test_the_time_attribute_decides_the_folder_in_utc():
 def test_a_time_at_the_edge_of_the_calendar_is_placed_not_a_crash(time, date, instant):
     """A valid ``time`` whose offset takes it outside years 1-9999 raised OverflowError
     in the conversion to UTC: ``archive`` crashed on it every run, its batch unacked,
-    and ``replay`` lost its whole job. It is the first or last instant Python holds."""
+    and ``replay`` lost its whole job. Its folder is the calendar's first or last
+    day; the time filters compare its true instant."""
     event = events.validated(
         {"specversion": "1.0", "id": "e", "source": "/s", "type": "t", "time": time}, b""
     )
