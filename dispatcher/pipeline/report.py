@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import glob
 import io
 import json
 import operator
@@ -115,8 +116,12 @@ def _refuse_out_inside_logs(out: str, logs: Sequence[str]) -> None:
     """A second run would read the first one's output as logs (counted skipped)."""
     where = Path(out).resolve()
     for given in logs:
-        folder = Path(given)
-        if "://" in given or not folder.is_dir():
+        if "://" in given and not given.startswith("file:"):
+            continue  # another file system
+        folder = Path(given.removeprefix("file://").removeprefix("file:"))
+        while glob.has_magic(str(folder)):  # a glob reads below its fixed part
+            folder = folder.parent
+        if not folder.is_dir():
             continue
         folder = folder.resolve()
         if where == folder or folder in where.parents:

@@ -45,6 +45,7 @@ def test_a_report_written_inside_its_logs_folder_is_refused(
     """The next run read the report's own files as log lines, counted as skipped."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    assert cli.main(["report", "--logs", str(logs), "--out", str(logs / "report")]) == 2
-    assert "is inside --logs" in capsys.readouterr().err
-    assert not (logs / "report").exists()
+    for given in (str(logs), f"file://{logs}", str(logs / "*.log")):
+        assert cli.main(["report", "--logs", given, "--out", str(logs / "report")]) == 2
+        assert "is inside --logs" in capsys.readouterr().err
+        assert not (logs / "report").exists()
