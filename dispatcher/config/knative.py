@@ -69,7 +69,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from dispatcher.config.durations import parse_duration
+from dispatcher.config.durations import LONGEST, parse_duration
 from dispatcher.config.urls import split_nodes
 from dispatcher.errors import ConfigError
 from dispatcher.retry import Backoff
@@ -92,6 +92,7 @@ ORIGINS: Mapping[str, str] = {
     "bindings[0].dead_letter.sink": "DEAD_LETTER_SINK",
     "bindings[0].reply.url": "BROKER_INGRESS_URL",
     "bindings[0].tls.ca_file": "SUBSCRIBER_CACERTS",
+    "bindings[0].tls": "SUBSCRIBER_CACERTS",  # a file that cannot be loaded (resolve)
     "tracing.endpoint": "K_OBSERVABILITY_CONFIG",
     "tracing.sample_ratio": "K_OBSERVABILITY_CONFIG",
 }
@@ -271,7 +272,9 @@ def _uncapped(delivery: dict[str, Any]) -> float:
         # No retries, but the requeue wait uses the delay too: the cap must not be below it.
         return float(max(DEFAULT_BACKOFF_MAX, delay))
     largest = Backoff(delivery["backoff_policy"], delay, math.inf).base(retry - 1)
-    return float(max(DEFAULT_BACKOFF_MAX, largest))
+    # Within what a duration may be (``RETRY=30`` at 1s reaches 2^29 s): past it
+    # no wait of this schedule can be told apart anyway.
+    return float(min(max(DEFAULT_BACKOFF_MAX, largest), LONGEST))
 
 
 def _required(environ: Mapping[str, str], name: str) -> str:

@@ -94,6 +94,16 @@ def test_backoff_is_not_capped_below_knatives_schedule(tmp_path, monkeypatch):
     assert b.delivery.backoff_max == 2.0 * 2**5  # the sixth retry waits 64 s in Knative
 
 
+@pytest.mark.parametrize(("retry", "delay"), [("30", "1s"), ("100", "1h")])
+def test_a_long_schedule_is_capped_at_the_longest_duration_not_refused(
+    tmp_path, monkeypatch, retry, delay
+):
+    """RETRY=30 at 1s reaches 2^29 s: past the ten years a duration may be, which
+    refused a Trigger Knative accepts, naming a key no variable sets."""
+    [b] = load(tmp_path, monkeypatch, RETRY=retry, BACKOFF_DELAY=delay).bindings
+    assert b.delivery.backoff_max == 3650 * 86400.0
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [
@@ -200,3 +210,13 @@ def test_the_rest_of_knatives_environment_changes_nothing(tmp_path, monkeypatch)
     [binding] = plain.bindings
     assert binding.filter is None and binding.filters == ()
     assert binding.auth.bearer_token_file is None
+
+
+def test_a_ca_bundle_that_cannot_be_loaded_is_blamed_on_subscriber_cacerts(tmp_path, monkeypatch):
+    """It was blamed on bindings[0].tls, a key the drop-in user cannot see."""
+    from dispatcher.resolve import resolve
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, {**BASE, "SUBSCRIBER_CACERTS": "garbage"}, resolve)
+    assert str(caught.value).startswith("SUBSCRIBER_CACERTS: cannot load: ")
