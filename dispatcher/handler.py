@@ -319,7 +319,9 @@ class Handler:
         if outcome.result is Result.DELIVERED:
             return _Final(Action.ACK, Outcome.DELIVERED, outcome.attempts, last.status)
         if refusal is None:
-            failure = Failure(last.status, last.body)
+            # No answer (a timeout, TLS, a refused connection): the client's error is
+            # the only reason there is, on the line and in the dead letter.
+            failure = Failure(last.status, last.body, reason=None if last.status else last.error)
         elif refusal.retry and self._waits.given_up:
             # Shutdown cut the reply short: not the event's failure. Leave it.
             return _Final(Action.LEAVE, None, outcome.attempts, last.status, refusal.reason)

@@ -518,6 +518,8 @@ ROWS = [
         reason="no dead-letter target",
     ),
     Row(
+        # No status to tell a timeout, TLS and a refused connection apart: the
+        # client's error is the reason, on the line and in the letter.
         "no-answer-sink-accepts",
         subscriber=(no_answer(),),
         binding=config(SINK),
@@ -525,7 +527,9 @@ ROWS = [
         outcome="dead_lettered",
         status=-1,
         attempts=RETRY + 1,
+        reason="connection refused",
         letters=(("sink", "-1"),),
+        letter_reason="connection refused",
     ),
     Row(
         "no-answer-no-dl-target-rejected",
@@ -656,6 +660,7 @@ ROWS = [
         attempts=RETRY + 1,
         reason="every dead-letter target failed",
         letters=(("dead", "-1"),),
+        letter_reason="connection refused",
         backoffs=(RETRY,),
     ),
     Row(
@@ -685,7 +690,9 @@ ROWS = [
         outcome="dead_lettered",
         status=-1,
         attempts=RETRY + 1,
+        reason="connection refused",
         letters=(("sink", "-1"), ("dead", "-1")),
+        letter_reason="connection refused",
     ),
     Row(
         "dl-sink-and-exchange-both-fail",
