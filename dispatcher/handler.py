@@ -143,8 +143,8 @@ class Handler:
         try:
             trace, span = self._trace(received, event)
         except Exception as e:  # a bug met by this message must not loop it: dead-letter it
-            self._log.exception("internal error while reading trace context", ce_id=event.id)
-            trace, span, problem = {}, None, f"internal error: {type(e).__name__}: {e}"
+            trace, span = {}, None
+            problem = self._bug("reading trace context", e, event.id)
         if span is None:
             return (await self._decide(received, event, problem, trace, started)).action
         try:
@@ -169,8 +169,7 @@ class Handler:
             try:
                 accepted = self._accepts(event.attributes)
             except Exception as e:  # a bug met by this event must not loop it: dead-letter it
-                self._log.exception("internal error while filtering", ce_id=event.id)
-                problem, accepted = f"internal error: {type(e).__name__}: {e}", True
+                problem, accepted = self._bug("filtering", e, event.id), True
             if not accepted:
                 self._filtered(event, received.redelivered)
                 return _Final(Action.ACK, Outcome.FILTERED, 0, None)
@@ -264,8 +263,7 @@ class Handler:
         except Exception as e:
             # A bug met by this message. Requeueing would meet it again forever;
             # dead-letter it with the reason instead, so the queue moves on.
-            self._log.exception("internal error while delivering", ce_id=event.id)
-            failure = Failure(None, reason=f"internal error: {type(e).__name__}: {e}")
+            failure = Failure(None, reason=self._bug("delivering", e, event.id))
             try:
                 return await self._give_up(event, failure, 0, None, trace)
             except Exception:
@@ -275,6 +273,14 @@ class Handler:
                 self._log.exception("internal error while dead-lettering", ce_id=event.id)
                 wrapped = self._wrapped(received.message)
                 return await self._give_up(wrapped, failure, 0, None, trace)
+
+    def _bug(self, doing: str, error: Exception, ce_id: str | None = None) -> str:
+        """Log a bug met by one message; the reason it is dead-lettered with."""
+        if ce_id is None:
+            self._log.exception(f"internal error while {doing}")
+        else:
+            self._log.exception(f"internal error while {doing}", ce_id=ce_id)
+        return f"internal error: {type(error).__name__}: {error}"
 
     async def _backed_off(self, retry_number: int) -> bool:
         """Wait before giving a message back (at once it would come straight back);
@@ -296,8 +302,7 @@ class Handler:
                 message, self._vhost, self._binding.queue, self._binding.non_cloudevent
             )
         except Exception as e:  # a mapping bug must not loop the message forever
-            self._log.exception("internal error while reading a message")
-            return self._wrapped(message), f"internal error: {type(e).__name__}: {e}"
+            return self._wrapped(message), self._bug("reading a message", e)
 
     def _wrapped(self, message: AmqpMessage) -> Event:
         return amqp_binding.wrap(message, self._vhost, self._binding.queue)
