@@ -81,14 +81,6 @@ def is_http_cloudevent(headers: Mapping[str, str]) -> bool:
     return False
 
 
-def _wire_bytes(value: str) -> bytes:
-    """A header value's bytes as they came (``parse_head`` reads them as Latin-1)."""
-    try:
-        return value.encode("latin-1")
-    except UnicodeEncodeError:  # text that was never bytes read as Latin-1
-        return value.encode("utf-8")
-
-
 def from_http_response(headers: Mapping[str, str], body: bytes) -> Event | None:
     """The CloudEvent in a subscriber's response, ``None`` when it holds none.
 
@@ -109,7 +101,7 @@ def from_http_response(headers: Mapping[str, str], body: bytes) -> Event | None:
             # Header lines arrive as bytes read as Latin-1 (``seams.parse_head``):
             # back to those bytes, percent-decoded, then strictly UTF-8, so neither
             # raw UTF-8 nor an escape of a byte that is no UTF-8 is misread.
-            attributes[name[3:]] = attribute_text(name, unquote_to_bytes(_wire_bytes(value)))
+            attributes[name[3:]] = attribute_text(name, unquote_to_bytes(value.encode("latin-1")))
     if content_type:
         attributes["datacontenttype"] = content_type
     return validated(attributes, body)

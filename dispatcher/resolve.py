@@ -80,14 +80,13 @@ def check_broker(broker: BrokerSettings) -> None:
             raise ConfigError(key, f"invalid connection parameter in {show(url)}: {e}") from None
     if len(hosts) > 1:
         raise ConfigError("broker.url", "every node of one cluster must name the same virtual host")
-    if any(url.lower().startswith("amqps://") or "ssl_options" in url for url in urls):
+    if broker.uses_tls:
         _loads(broker.tls, "broker.tls")  # what every amqps connection is wrapped in
 
 
 def _user_without_password(url: str) -> bool:
-    netloc = urlsplit(url).netloc
-    userinfo, at, _host = netloc.rpartition("@")
-    return bool(at) and bool(userinfo) and ":" not in userinfo
+    parts = urlsplit(url)
+    return bool(parts.username) and parts.password is None
 
 
 def _binding(index: int, binding: BindingSettings) -> BindingEndpoints:

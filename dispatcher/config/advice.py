@@ -72,10 +72,7 @@ def advice(settings: Settings, environ: Mapping[str, str] | None = None) -> list
 
 def _unused_tls(settings: Settings) -> Iterator[Advice]:
     """TLS files given where no URL is TLS: read by nothing, said by nothing."""
-    urls = settings.broker.urls
-    if _names_files(settings.broker.tls) and not any(
-        url.lower().startswith("amqps://") or "ssl_options" in url for url in urls
-    ):
+    if _names_files(settings.broker.tls) and not settings.broker.uses_tls:
         yield Advice("broker.tls", "is not used: no broker.url is amqps://")
     for index, binding in enumerate(settings.bindings):
         targets = (binding.subscriber, binding.dead_letter.sink, binding.reply.url)

@@ -144,6 +144,11 @@ class BrokerSettings(Section):
         """Every node's URL, in the order given."""
         return (self.url,) if isinstance(self.url, str) else self.url
 
+    @property
+    def uses_tls(self) -> bool:
+        """Some node is reached over TLS (``amqps://``, or pika's ``ssl_options``)."""
+        return any(url.lower().startswith("amqps://") or "ssl_options" in url for url in self.urls)
+
 
 class DedupeSettings(Section):
     """Duplicate suppression shared by the replicas of one fleet."""
