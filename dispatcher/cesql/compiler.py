@@ -39,6 +39,7 @@ from dispatcher.cesql.values import (
     EvalError,
     Type,
     Value,
+    bounded_int,
     in_range,
     type_of,
 )
@@ -308,11 +309,9 @@ class Compiler(Transformer[Token, Node]):
 
     def integer(self, *tokens: Token) -> Node:
         digits, column = tokens[-1], tokens[0].column or 0
-        # Bounded before int(), which refuses more than 4,300 digits (leading zeros
-        # included) with a ValueError.
-        significant = str(digits).lstrip("0") or "0"
-        number = int(significant) if len(significant) <= 10 else _UNSIGNED_MIN + 1
-        if number > _UNSIGNED_MIN or (number == _UNSIGNED_MIN and len(tokens) == 2):
+        number = bounded_int(str(digits))
+        signed = len(tokens) == 2
+        if number is None or number > _UNSIGNED_MIN or (number == _UNSIGNED_MIN and signed):
             raise CesqlError("parse", column, f"{digits} is not a 32-bit integer")
         return _literal(number, column)
 

@@ -74,13 +74,13 @@ def to_int(value: Value) -> int:
     if kind is bool:
         return 1 if value else 0
     if _DECIMAL.fullmatch(value):  # type: ignore[arg-type]
-        number = _bounded_int(value)  # type: ignore[arg-type]
+        number = bounded_int(value)  # type: ignore[arg-type]
         if number is not None and INT_MIN <= number <= INT_MAX:
             return number
     raise CastFailed
 
 
-def _bounded_int(digits: str) -> int | None:
+def bounded_int(digits: str) -> int | None:
     """``int(digits)`` when it can be 32 bits, else None: a string of more than
     4,300 digits is a ValueError to ``int`` itself, and one event carrying such a
     number met it on every delivery (a bug, requeued for ever), not a cast error."""
