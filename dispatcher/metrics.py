@@ -30,6 +30,7 @@ RECONNECT_REASONS = (
     "connect_failed",
     "channel_closed",
     "consumer_cancelled",
+    "stream_queue",
     "error",
 )
 CODE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")

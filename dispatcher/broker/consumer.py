@@ -55,7 +55,7 @@ import pika.exceptions
 
 from dispatcher.amqp_binding import amqp_message
 from dispatcher.breaker import CircuitBreaker, CircuitState
-from dispatcher.broker import amqp_properties
+from dispatcher.broker import amqp_properties, streams
 from dispatcher.broker.params import describe_error
 from dispatcher.config import BindingSettings
 from dispatcher.events import AmqpMessage, Unreadable
@@ -116,6 +116,9 @@ class Consumer:
         self._probe_started = False  # half open: a message was started to be the probe
         self._failures = 0  # consecutive channel failures, for backoff
         self._close_reason: str | None = None  # set when we close the channel on purpose
+        # The queue delivered a stream's message: not consumed (``broker.streams``);
+        # each rebuild consumes again to see whether it still is one.
+        self._stream = False
 
     @property
     def name(self) -> str:
@@ -134,7 +137,7 @@ class Consumer:
         channel = self.channel  # read once: the ops thread asks while the loop changes it
         if self._paused() and self.ready and channel is not None and channel.is_open:
             return "paused"
-        return "up" if self.consumer_tags else "down"
+        return "up" if self.consumer_tags and not self._stream else "down"
 
     @property
     def waiting(self) -> int:
@@ -194,6 +197,7 @@ class Consumer:
         if generation != self.generation or self.channel is None:
             return
         log.warning("consumer cancelled by the broker", binding=self.name)
+        self._stream = False  # the queue was deleted, most likely: whatever comes next
         self._close_reason = "consumer_cancelled"
         _close_channel(self.channel)
 
@@ -300,7 +304,8 @@ class Consumer:
         if self._breaker is not None and self._breaker.state is CircuitState.OPEN:
             self._pause()  # it opened while this consumer was being set up
             return
-        self._failures = 0
+        if not self._stream:  # a stream's rebuilds back off up to the most
+            self._failures = 0
         self._shared.metrics.consumer_up.labels(self.name).set(1)
         log.info(
             "consumer attached",
@@ -325,6 +330,10 @@ class Consumer:
     ) -> None:
         if self._shared.stopping():
             return  # after the cancel: left unacked, the broker has it back at the close
+        if streams.from_a_stream(props):
+            self._refuse_stream(generation)
+            return
+        self._stream = False
         # A message of a channel that is gone (pika may still hand one over while
         # closing it) is born closed: nothing is sent for it.
         current = generation == self.generation
@@ -357,6 +366,21 @@ class Consumer:
             self._waiting.append(received)
             return
         self._begin(received)
+
+    def _refuse_stream(self, generation: int) -> None:
+        """A stream's message: nothing is settled (a nack would close the connection),
+        the channel is closed and tried again with backoff, the binding down."""
+        self._stream = True
+        if generation != self.generation or self.channel is None or self._close_reason:
+            return  # its channel is gone or already closing
+        log.error(
+            "queue is a stream: not consumed",
+            binding=self.name,
+            queue=self.settings.queue,
+            detail=streams.WHY,
+        )
+        self._close_reason = "stream_queue"
+        _close_channel(self.channel)
 
     def _may_start(self) -> bool:
         if self._running >= self.settings.effective_parallelism:

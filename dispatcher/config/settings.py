@@ -243,7 +243,9 @@ class DeclareSettings(Section):
         default=None, description="The queue's x-dead-letter-exchange"
     )
     delivery_limit: Annotated[int, Strict(), Field(ge=1)] | None = Field(
-        default=None, description="Quorum queues: redeliveries before the broker dead-letters"
+        default=None,
+        description="Quorum queues: returns to the queue before the broker dead-letters "
+        "(without dead_letter_exchange: discards) a message",
     )
 
     @model_validator(mode="after")
@@ -420,7 +422,9 @@ class BindingSettings(Section):
         ),
     ] = Field(description="Names the binding in metrics and logs: 1-64 of A-Z a-z 0-9 _ . -")
     # At most 255 bytes: the AMQP 0-9-1 shortstr limit.
-    queue: Annotated[str, _QUEUE] = Field(description="The queue to consume")
+    queue: Annotated[str, _QUEUE] = Field(
+        description="The queue to consume: classic or quorum (a stream is refused)"
+    )
     declare: DeclareSettings | None = None
     subscriber: Annotated[str, _HTTP_URL] = Field(
         description="Where each event is POSTed: an http(s) URL"

@@ -58,7 +58,7 @@ import pika
 import pika.exceptions
 
 from dispatcher import amqp_binding, logs
-from dispatcher.broker import amqp_properties
+from dispatcher.broker import amqp_properties, streams
 from dispatcher.broker.params import connect_blocking, nodes, redacted_urls, virtual_host
 from dispatcher.config import BrokerSettings
 from dispatcher.deadletter import with_reason
@@ -270,6 +270,8 @@ class _Run:
         last_message = self.clock()
         for method, properties, body in channel.consume(self.queue, inactivity_timeout=_POLL):
             if method is not None:
+                if streams.from_a_stream(properties):
+                    raise BatchInputError(f"queue {self.queue!r} is a stream: {streams.WHY}")
                 last_message = self.clock()
                 if not self.stop.is_set():  # once stopping, leave it to the broker
                     batch.add(method.delivery_tag, *self._record(properties, body), last_message)

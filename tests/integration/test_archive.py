@@ -22,7 +22,7 @@ import yaml
 
 from dispatcher import amqp_binding, events
 from dispatcher.config import BrokerSettings
-from dispatcher.errors import BatchFailed
+from dispatcher.errors import BatchFailed, BatchInputError
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.pipeline import records
 from dispatcher.pipeline.archive import ArchiveResult, archive
@@ -320,6 +320,36 @@ def test_a_deleted_queue_ends_the_run_with_exit_1(queue, tmp_path):
         running.stop.set()
     assert isinstance(error, BatchFailed), error  # exit code 1
     assert "cancelled the consumer" in error.message
+
+
+def test_a_stream_is_refused_at_its_first_message_with_exit_2(tmp_path):
+    """A stream starts a consumer at its next message and keeps what it holds:
+    "draining" one would archive only what came while archive ran, and again on
+    every run. Refused (exit 2) at the first message, which stays in the stream."""
+    stream = broker.unique("archive-stream")
+    with broker.channel() as ch:
+        ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    running = Running(stream, tmp_path)
+    sent = 0
+
+    def refused() -> bool:
+        # A stream's consumer sees only what comes after it started, and a stream
+        # reports no consumers: publish until archive has met one.
+        nonlocal sent
+        if running.thread.is_alive():
+            sent += 1
+            publish(stream, b"{}", headers=event_headers(f"st-{sent}"))
+        return not running.thread.is_alive()
+
+    try:
+        broker.wait_until(refused, 20, "archive to meet a message of the stream")
+        error = running.finish(1, "refuse the stream")
+    finally:
+        running.stop.set()
+        broker.delete([stream])
+    assert isinstance(error, BatchInputError), error  # exit code 2
+    assert f"queue {stream!r} is a stream" in str(error)
+    assert not part_files(tmp_path)
 
 
 # --------------------------------------------------------------------- the real command
