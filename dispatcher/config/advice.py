@@ -66,6 +66,7 @@ def advice(settings: Settings, environ: Mapping[str, str] | None = None) -> list
         for place, entry in enumerate(binding.filters):
             found.extend(_ungrouped(entry, f"{key}.filters[{place}]"))
         found.extend(_window_too_long(binding, key))
+        found.extend(_limit_discards(binding, key))
         found.extend(_rate_too_low(binding, key))
     return found
 
@@ -135,6 +136,22 @@ def _window_too_long(binding: BindingSettings, key: str) -> Iterator[Advice]:
             "dead-lettered before the breaker opens (a shorter window, or more retries or "
             "a longer backoff)",
         )
+
+
+def _limit_discards(binding: BindingSettings, key: str) -> Iterator[Advice]:
+    """A quorum queue's delivery limit with nowhere to send what reaches it: the
+    broker discards a message returned that often, and a binding does return
+    messages (dead-letter targets all down, shutdown, a lost channel)."""
+    declare = binding.declare
+    if declare is None or declare.delivery_limit is None or declare.dead_letter_exchange:
+        return
+    yield Advice(
+        f"{key}.declare.delivery_limit",
+        f"binding {binding.name!r}: the broker discards a message returned to the queue "
+        f"{declare.delivery_limit} times, and messages are returned while every dead-letter "
+        "target is down, at shutdown and when a channel is lost; set "
+        "declare.dead_letter_exchange to keep them",
+    )
 
 
 def _ungrouped(entry: FilterEntry, where: str) -> Iterator[Advice]:

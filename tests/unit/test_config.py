@@ -843,6 +843,29 @@ def test_check_warns_when_a_rate_limit_keeps_messages_unacked_too_long(
         assert "consumer_timeout" in said[0].text
 
 
+@pytest.mark.parametrize(
+    ("declare", "warned"),
+    [
+        ({"type": "quorum", "delivery_limit": 5}, True),
+        ({"type": "quorum", "delivery_limit": 5, "dead_letter_exchange": "dlx"}, False),
+        ({"type": "quorum"}, False),
+        (None, False),
+    ],
+)
+def test_check_warns_when_a_delivery_limit_has_nowhere_to_send_what_reaches_it(
+    declare: dict[str, Any] | None, warned: bool
+) -> None:
+    """The broker discards a message returned ``delivery_limit`` times when the queue
+    has no dead-letter exchange, and a binding returns messages (every dead-letter
+    target down, shutdown, a lost channel): silently lost, unless said here."""
+    settings = settings_from_dict({"bindings": [_sink(declare=declare)]}, {})
+    said = [a for a in advice(settings) if a.key.endswith("declare.delivery_limit")]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert said[0].key == "bindings[0].declare.delivery_limit"
+        assert "discards a message returned to the queue 5 times" in said[0].text
+
+
 def test_filters_nest_at_most_32_levels() -> None:
     def nested(levels: int) -> dict[str, Any]:
         entry: dict[str, Any] = {"exact": {"type": "a"}}
