@@ -128,8 +128,22 @@ def _loads(tls: TlsSettings, key: str) -> None:
 def _store_url(url: str) -> None:
     # Imported only with a store: redis-py is 8 MB a replica without one never needs.
     import redis
+    from redis.connection import parse_url
+
+    from dispatcher.redis_claims import CALL_TIMEOUT
 
     try:
+        # redis-py lets the URL's query override the client's keywords: these two
+        # would lift the bound that keeps a store that does not answer from
+        # holding deliveries (the loop's own limit is four times longer).
+        bounds = sorted({"socket_timeout", "socket_connect_timeout"} & set(parse_url(url)))  # type: ignore[no-untyped-call]
+        if bounds:
+            raise ConfigError(
+                "dedupe.store",
+                f"{' and '.join(bounds)} cannot be set in the URL: every store call is "
+                f"bounded by the dispatcher ({CALL_TIMEOUT}s), so that a store that does "
+                "not answer never holds a delivery",
+            )
         pool = redis.Redis.from_url(url).connection_pool  # reads the URL and its query
         # One connection built, and not connected: a query parameter redis-py has
         # no such keyword for fails here, not on every call of the running service.

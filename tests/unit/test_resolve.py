@@ -37,10 +37,10 @@ def test_a_tls_file_that_cannot_be_loaded_is_refused_by_check(
 def test_a_store_url_redis_cannot_read_is_refused_by_check_naming_its_origin(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = "redis://:secret@localhost:6379/0?socket_timeout=abc"
+    store = "redis://:secret@localhost:6379/0?health_check_interval=abc"
     error = check(tmp_path, {"dedupe": {"store": store}}, capsys)
     assert error.startswith("dispatcher: dedupe.store: "), error
-    assert "socket_timeout" in error and "secret" not in error
+    assert "health_check_interval" in error and "secret" not in error
     monkeypatch.setenv("DEDUPE_STORE_URL", store)
     error = check(tmp_path, {}, capsys)
     assert error.startswith("dispatcher: DEDUPE_STORE_URL: "), error
@@ -56,6 +56,20 @@ def test_a_store_url_with_a_parameter_redis_has_no_keyword_for_is_refused_by_che
     error = check(tmp_path, {}, capsys)
     assert error.startswith("dispatcher: DEDUPE_STORE_URL: a query parameter redis-py does not")
     assert "'foo'" in error and "secret" not in error
+
+
+@pytest.mark.parametrize("query", ["socket_timeout=30", "socket_connect_timeout=5"])
+def test_a_store_url_cannot_lift_the_bound_on_a_store_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, query: str
+) -> None:
+    """redis-py lets the URL's query override the client's keywords: with
+    ``socket_timeout=30`` a paused store held every delivery for the loop's 2 s
+    bound, with the gauge at 1 and nothing logged."""
+    monkeypatch.setenv("DEDUPE_STORE_URL", f"redis://:secret@127.0.0.1:6379/0?{query}")
+    error = check(tmp_path, {}, capsys)
+    name = query.split("=", maxsplit=1)[0]
+    assert error.startswith(f"dispatcher: DEDUPE_STORE_URL: {name} cannot be set in the URL")
+    assert "secret" not in error
 
 
 def test_a_broker_url_from_rabbitmq_url_is_blamed_on_it(
