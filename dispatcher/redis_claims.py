@@ -60,7 +60,10 @@ _IDLE_WAKE: Final = 1.0
 # goes in several), and one script call touches at most CHUNK keys: a Lua
 # script blocks the whole store while it runs, for every replica.
 MAX_SETTLES_PER_CALL: Final = 5_000
-_PROBE_KEY: Final = "dispatcher:dedupe-probe"
+# Two keys in two hash slots, as a batch's are: a Redis Cluster refuses such a
+# call (CROSSSLOT) and must stay down, not pass a one-key probe and fail the
+# next batch, again and again.
+PROBE_KEYS: Final = ("dispatcher:dedupe-probe:1", "dispatcher:dedupe-probe:2")
 CHUNK: Final = 500
 
 # Per key (KEYS[i]) and its two arguments (owner value, TTL in ms): 1 claimed
@@ -217,6 +220,10 @@ class RedisClaims:
     # ----------------------------------------------------------------- the redis thread
 
     def _run(self) -> None:
+        try:
+            self._try_probe()  # said now, not at the first delivery: the gauge tells the truth
+        except (redis.RedisError, OSError) as e:
+            self._failed(e)
         while True:
             claims: list[_Claim] = []
             try:
@@ -305,13 +312,19 @@ class RedisClaims:
             return
         self._next_probe = time.monotonic() + PROBE_INTERVAL
         try:
-            self._client.evalsha(self._shas[_CLAIM], 1, _PROBE_KEY, self._probe_owner, 1000)
-        except redis.exceptions.NoScriptError:
-            self._client.script_load(_CLAIM)  # answered: next probe runs it
-            return
+            self._try_probe()
         except (redis.RedisError, OSError):
             return
         self._set_up(True)
+
+    def _try_probe(self) -> None:
+        """What a batch of claims needs of the store, tried once; raises what fails."""
+        args = [value for _key in PROBE_KEYS for value in (self._probe_owner, 1000)]
+        try:
+            self._client.evalsha(self._shas[_CLAIM], len(PROBE_KEYS), *PROBE_KEYS, *args)
+        except redis.exceptions.NoScriptError:
+            self._client.script_load(_CLAIM)  # a store restarted, or its scripts flushed
+            self._client.evalsha(self._shas[_CLAIM], len(PROBE_KEYS), *PROBE_KEYS, *args)
 
     def _failed(self, error: Exception) -> None:
         self._metrics.dedupe_store_errors.inc()

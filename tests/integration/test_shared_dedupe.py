@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
+import redis
 import structlog
 from prometheus_client import generate_latest
 
@@ -290,6 +291,59 @@ def _eventually(
         if ok(value) or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
+
+
+def test_a_store_that_cannot_be_used_is_said_at_start_not_at_the_first_delivery(
+    loop, replicas
+) -> None:
+    """An idle replica showed ``dispatcher_dedupe_store_up 1`` for a store nobody
+    could reach until its first delivery."""
+    with structlog.testing.capture_logs() as logged:
+        a = replicas(f"redis://127.0.0.1:{free_port()}/0")
+        deadline = time.monotonic() + 10
+        while a.claims.up and time.monotonic() < deadline:
+            run(loop, loop_sleep(loop, 0.05))
+    assert a.metrics.value("dispatcher_dedupe_store_up") == 0
+    said = [
+        e for e in logged if e["event"] == "dedupe store unavailable; using this process's memory"
+    ]
+    assert len(said) == 1 and "ConnectionError" in said[0]["error"]
+
+
+def test_a_redis_cluster_store_stays_down_and_says_why_once(loop, replicas) -> None:
+    """A batch's keys span hash slots, which a Redis Cluster refuses (CROSSSLOT). A
+    one-key probe passed there: the store came back every second and failed the
+    next batch, two lines a second for ever, settlements never written."""
+    cluster = RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    cluster.start()
+    try:
+        admin = redis.Redis(port=cluster.port, socket_timeout=5, decode_responses=True)
+        admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        _eventually(lambda: admin.cluster("info"), lambda info: info["cluster_state"] == "ok")
+        admin.close()
+        with structlog.testing.capture_logs() as logged:
+            a = replicas(cluster.url)
+
+            async def bursts() -> None:
+                for n in range(12):  # over three probe intervals
+                    tasks = [
+                        loop.spawn(a.dedupe.claim_first(("/orders", f"{n}-{i}"), 30.0))
+                        for i in range(4)
+                    ]
+                    for task in tasks:
+                        await task.finished
+                    await Waits(loop).sleep(0.25)
+
+            run(loop, bursts())
+    finally:
+        cluster.close()
+    events = [e["event"] for e in logged]
+    assert events.count("dedupe store available again") == 0, events
+    said = [
+        e for e in logged if e["event"] == "dedupe store unavailable; using this process's memory"
+    ]
+    assert len(said) == 1 and "slot" in said[0]["error"].lower(), said
+    assert a.metrics.value("dispatcher_dedupe_store_up") == 0
 
 
 def test_the_stores_password_is_in_no_log_line_or_metric(loop, replicas) -> None:

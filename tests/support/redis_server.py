@@ -42,7 +42,9 @@ def binding_keys(binding: str, url: str = SHARED_URL) -> dict[str, str]:
 class RedisServer:
     """A ``redis-server`` of the test's own on a free port, no persistence."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        """``options``: more ``redis-server`` arguments (``--cluster-enabled yes``)."""
+        self._options = options
         binary = shutil.which("redis-server")
         if binary is None:
             raise AssertionError("redis-server is not installed (make test installs it: .ci/redis)")
@@ -70,6 +72,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 self.dir,
+                *self._options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
+import redis
+from redis.crc import key_slot
+
 from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
-from dispatcher.redis_claims import ANSWER_BOUND, RedisClaims
+from dispatcher.redis_claims import ANSWER_BOUND, PROBE_KEYS, RedisClaims
 
 
 def test_a_claim_nobody_answers_is_answered_none_within_the_bound() -> None:
@@ -24,5 +27,33 @@ def test_a_claim_nobody_answers_is_answered_none_within_the_bound() -> None:
         started = time.monotonic()
         assert loop.run_until_complete(answer()) is None
         assert ANSWER_BOUND - 0.1 <= time.monotonic() - started < ANSWER_BOUND + 1
+    finally:
+        loop.close()
+
+
+def test_the_probe_spans_two_hash_slots_as_a_batch_does() -> None:
+    """So that a store that refuses a batch (a Redis Cluster: CROSSSLOT) fails the
+    probe too, and stays down instead of coming back every second."""
+    assert len({key_slot(key.encode()) for key in PROBE_KEYS}) == 2
+
+
+def test_a_probe_whose_script_cannot_be_loaded_fails_quietly() -> None:
+    """``SCRIPT LOAD`` refused (an ACL without ``script``) or the connection lost
+    between the probe's two calls: it was a traceback at error level every second."""
+
+    class Refusing:
+        def evalsha(self, *_args: object) -> None:
+            raise redis.exceptions.NoScriptError("NOSCRIPT")
+
+        def script_load(self, _script: str) -> None:
+            raise redis.exceptions.NoPermissionError("no permissions to run 'script|load'")
+
+    loop = Loop("test")
+    try:
+        claims = RedisClaims("redis://127.0.0.1:1/0", loop, Metrics())
+        claims._client = Refusing()
+        claims.up = False
+        claims._probe()  # raises nothing: the store stays down, probed again later
+        assert not claims.up
     finally:
         loop.close()
