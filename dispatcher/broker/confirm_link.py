@@ -107,6 +107,7 @@ class ConfirmLink(Generic[T]):
         on_open: Callable[[Any], None] | None = None,
         role: str | None = None,
         confirm_bound: float | None = None,
+        on_refused: Callable[[pika.exceptions.ChannelClosedByBroker], None] | None = None,
     ) -> None:
         self._on_ready = on_ready
         self._on_confirmed = on_confirmed
@@ -115,6 +116,8 @@ class ConfirmLink(Generic[T]):
         self._returned = returned
         self._reopen_channel = reopen_channel
         self._on_open = on_open  # the connection opened: e.g. to hear Connection.Blocked
+        # The broker closed the channel over a publish (404, 403): before ``on_lost``.
+        self._on_refused = on_refused
         self.stopping = False  # then no channel or connection is opened again
         self._role = role  # logs connection events as "<role> connected" etc.; None: silent
         self._connection: Any = None
@@ -327,6 +330,10 @@ class ConfirmLink(Generic[T]):
         self.channel = None
         if not self._closed_by_us:  # closing the connection ourselves closes it too
             self.last_error = f"channel closed: {reason}"
+        if self._on_refused is not None and isinstance(
+            reason, pika.exceptions.ChannelClosedByBroker
+        ):
+            self._on_refused(reason)
         if self._reopen_channel:  # else handed back once the connection has closed
             self._lose(f"channel closed by the broker: {reason}")
         connection = self._connection

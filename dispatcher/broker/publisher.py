@@ -35,6 +35,9 @@ arrives after it changes nothing (the future was already resolved), so the
 delivery's verdict never flips from "not accepted" to "accepted". A request
 still waiting here when its time is up is dropped, never published late.
 Messages are ``mandatory``: an event routed nowhere was accepted by no one.
+An exchange the broker refused (404, 403) is not published to again for a
+while (``refused_exchanges``): each refusal closes the channel every binding
+shares.
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import pika
+import pika.exceptions
 
 from dispatcher import amqp_binding
 from dispatcher.broker.confirm_link import ConfirmLink
 from dispatcher.broker.params import Node, Rotation, nodes, reconnect_backoff
 from dispatcher.broker.pika_loop import close_within
+from dispatcher.broker.refused_exchanges import RefusedExchanges
 from dispatcher.config import BrokerSettings
 from dispatcher.events import Event
 from dispatcher.json_format import STRUCTURED_CONTENT_TYPE, to_json
@@ -99,6 +104,7 @@ class Publisher:
         self._blocked = False  # a resource alarm blocks us
         self._heard_blocked = False  # this connection got Connection.Blocked, no Unblocked
         self._closed = threading.Event()  # set once stopping and no connection is left
+        self._refused = RefusedExchanges(clock)
         self._link: ConfirmLink[_Request] = ConfirmLink(
             on_ready=self._on_ready,
             on_confirmed=self._on_confirmed,
@@ -110,6 +116,7 @@ class Publisher:
             # Unconfirmed requests (their futures long answered) must not pile up
             # on a connection that stopped confirming: as long as a block may last.
             confirm_bound=broker.blocked_timeout,
+            on_refused=self._on_refused,
         )
 
     @property
@@ -153,6 +160,10 @@ class Publisher:
         request = _Request(
             exchange, routing_key, body, properties, key, self._clock() + timeout, future
         )
+        refused = self._refused.why_not(exchange)
+        if refused is not None:
+            future.resolve(refused)  # not sent: it would close the channel for everyone
+            return future
         request.timer = self._loop.call_later(
             timeout, future.resolve, f"no confirm from the broker within {timeout:g}s"
         )
@@ -304,7 +315,22 @@ class Publisher:
         if acked and not self._heard_blocked:
             self._set_blocked(False)  # read and confirmed with no alarm said: not blocked
         for request, error in settled:
+            if acked:
+                self._refused.accepted(request.exchange)
             _answer(request, error)
+
+    def _on_refused(self, close: pika.exceptions.ChannelClosedByBroker) -> None:
+        refused = self._refused.refused(close)
+        if refused is None:
+            log.warning("broker closed the publishing channel", detail=str(close))
+            return
+        exchange, wait = refused
+        log.warning(
+            "broker refused a publish: not sent to that exchange for a while",
+            exchange=exchange,
+            detail=f"{close.reply_code} {close.reply_text}",
+            retry_in_s=round(wait, 3),
+        )
 
     def _on_lost(self, requests: list[_Request], reason: str) -> None:
         # Still blocked, as far as anyone knows: the next confirm will tell.

@@ -102,6 +102,32 @@ def test_a_missing_exchange_fails_and_the_channel_comes_back(publishing):
         broker.delete([queue], [exchange])
 
 
+def test_an_exchange_the_broker_refused_does_not_close_the_channel_for_the_others(publishing):
+    """One binding's misspelt reply exchange, a few publishes a second, kept the one
+    confirm channel closed most of the time (each 404 closes it, failing whatever
+    was in flight for every binding): every other dead letter and reply failed. Now
+    the refused exchange's publishes fail here for a while, never sent."""
+    loop, publisher = publishing
+    exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
+    absent = broker.unique("absent")
+    try:
+        [first] = answers(loop, [publisher.publish_event(absent, "", event(1), 10.0)])
+        assert first is not None and "404" in first
+        futures = []
+        for n in range(20):
+            futures.append(publisher.publish_event(absent, "", event(100 + n), 10.0))
+            futures.append(publisher.publish_event(exchange, "", event(200 + n), 10.0))
+        results = answers(loop, futures)
+        assert results[1::2] == [None] * 20  # none lost with a closed channel
+        for refused in results[0::2]:
+            assert refused is not None and f"exchange {absent!r}" in refused
+            assert "not tried again" in refused
+        broker.wait_until(lambda: broker.queue_depth(queue) == 20, message="20 routed")
+        assert publisher.connections_opened == 1
+    finally:
+        broker.delete([queue], [exchange])
+
+
 def test_a_message_that_cannot_be_encoded_fails_alone(publishing):
     loop, publisher = publishing
     exchange, queue = broker.declare_fanout_with_queue(prefix="pub")
