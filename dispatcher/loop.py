@@ -149,6 +149,13 @@ class Timer:
     def cancel(self) -> None:
         self.cancelled = True
 
+    def fire(self) -> None:
+        """Run the callback, unless it was cancelled after it came due: by a callback
+        that ran before it in the same pass (pika's connection-lost notice cancels
+        the heartbeat timer that would send on the closed connection)."""
+        if not self.cancelled:
+            self.callback(*self.args)
+
 
 class _Poller:
     """epoll where there is one (Linux), else poll: same masks, one interface."""
@@ -385,7 +392,7 @@ class Loop:
         while timers and timers[0][0] <= now:
             timer = heapq.heappop(timers)[2]
             if not timer.cancelled:
-                self._ready.append((timer.callback, timer.args))
+                self._ready.append((timer.fire, ()))
 
     def _drain_inbox(self, _fd: int, _mask: int) -> None:
         with contextlib.suppress(BlockingIOError):

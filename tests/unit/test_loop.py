@@ -61,6 +61,18 @@ def test_timers_run_in_time_order_and_cancelled_ones_do_not(loop):
     assert ran == ["first", "second", "third"]
 
 
+def test_a_timer_cancelled_by_a_callback_of_the_same_pass_does_not_run(loop):
+    """A due timer's callback waited in the pass's ready list, beyond the reach of
+    ``cancel``: pika's connection-lost notice, run first, cancels its heartbeat
+    timer, which then sent on the closed connection (an error-level traceback)."""
+    ran = []
+    timer = loop.call_later(0.0, ran.append, "cancelled timer")
+    loop.call_soon(timer.cancel)  # ready before the timer in the same pass
+    loop.call_later(0.05, loop.request_stop)
+    loop.run()
+    assert ran == []
+
+
 def test_each_task_has_a_context_of_its_own(loop):
     """structlog contextvars bound by one delivery never show in another's lines."""
 
