@@ -25,6 +25,10 @@ from typing import Any
 
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import (
+    AMQPConnectionWorkflowFailed,
+    AMQPConnectorPhaseErrorBase,
+)
 
 from dispatcher.broker import amqp_properties
 from dispatcher.config import BrokerSettings, redact_url
@@ -158,13 +162,16 @@ class Rotation:
 def connect_blocking(candidates: Sequence[Node]) -> tuple[Any, Node]:
     """A ``pika.BlockingConnection`` to the first of ``candidates`` that answers, tried
     in order, and that node; raises the last node's ``AMQPConnectionError`` if none
-    does. For the batch commands, which connect once."""
+    does. For the batch commands, which connect once. pika's blocking connection
+    raises a TLS failure (a certificate that does not verify) as the ``ssl`` error
+    itself: it is a node that failed like any other, wrapped the same way."""
     error: pika.exceptions.AMQPConnectionError | None = None
     for index, node in enumerate(candidates):
         try:
             return pika.BlockingConnection(node.parameters), node
-        except pika.exceptions.AMQPConnectionError as e:
-            error = e
+        except (pika.exceptions.AMQPConnectionError, OSError) as e:
+            error = e if isinstance(e, pika.exceptions.AMQPConnectionError) else None
+            error = error or pika.exceptions.AMQPConnectionError(e)
             if index + 1 < len(candidates):
                 log.warning(
                     "broker connect failed: trying the next node",
@@ -176,8 +183,30 @@ def connect_blocking(candidates: Sequence[Node]) -> tuple[Any, Node]:
 
 
 def describe_error(error: object) -> str:
-    """A pika error for a log line: its kind and message, at most 300 characters."""
-    return f"{type(error).__name__}: {error}"[:300]
+    """A pika error for a log line: what went wrong, its kind and message, at most
+    300 characters. pika wraps a failed connect two or three deep (a connection
+    error around the workflow's failure around each attempt's, around the socket's
+    or TLS's own error), with an empty message at every level: the innermost
+    error says why (a certificate that does not verify, a refused connection)."""
+    error = _innermost(error)
+    return f"{type(error).__name__}: {str(error) or repr(error)}"[:300]
+
+
+def _innermost(error: object) -> object:
+    for _depth in range(8):  # a bound, whatever pika nests
+        if isinstance(error, AMQPConnectionWorkflowFailed) and error.exceptions:
+            error = error.exceptions[-1]  # the last attempt's: the last node tried
+        elif isinstance(error, AMQPConnectorPhaseErrorBase):
+            error = error.exception
+        elif (
+            isinstance(error, pika.exceptions.AMQPConnectionError)
+            and len(error.args) == 1
+            and isinstance(error.args[0], BaseException)
+        ):
+            error = error.args[0]
+        else:
+            break
+    return error
 
 
 def virtual_host(broker: BrokerSettings) -> str:

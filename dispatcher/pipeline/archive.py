@@ -59,7 +59,13 @@ import pika.exceptions
 
 from dispatcher import amqp_binding, logs
 from dispatcher.broker import amqp_properties, streams
-from dispatcher.broker.params import connect_blocking, nodes, redacted_urls, virtual_host
+from dispatcher.broker.params import (
+    connect_blocking,
+    describe_error,
+    nodes,
+    redacted_urls,
+    virtual_host,
+)
 from dispatcher.config import BrokerSettings
 from dispatcher.deadletter import with_reason
 from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError
@@ -348,9 +354,7 @@ def _describe(error: BaseException) -> str:
     text = getattr(error, "reply_text", None)
     if code is not None and text:
         return f"{text} ({code})"
-    if error.args and isinstance(error.args[0], BaseException):
-        return _describe(error.args[0])
-    return str(error) or type(error).__name__
+    return describe_error(error)
 
 
 def _close(connection: Any) -> None:

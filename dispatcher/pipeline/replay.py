@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher import amqp_binding
-from dispatcher.broker.params import connect_blocking, nodes, redacted_urls
+from dispatcher.broker.params import connect_blocking, describe_error, nodes, redacted_urls
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed, BatchInputError, EventError
 from dispatcher.events import Event
@@ -191,7 +191,7 @@ def check_exchange(broker: BrokerSettings, exchange: str) -> None:
         connection, _node = connect_blocking(nodes(broker, "replay-check"))
     except Exception as e:  # pika's connection errors, translated here
         raise BatchInputError(
-            f"cannot connect to the broker at {redacted_urls(broker)}: {type(e).__name__}"
+            f"cannot connect to the broker at {redacted_urls(broker)}: {describe_error(e)}"
         ) from None
     try:
         connection.channel().exchange_declare(exchange, passive=True)

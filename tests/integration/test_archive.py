@@ -532,6 +532,25 @@ def test_an_unreachable_broker_exits_1_with_one_line_and_no_password(tmp_path):
     assert stderr.count("\n") == 1 and stderr.startswith("dispatcher: cannot connect to the broker")
     assert "guest:***@127.0.0.1" in stderr
     assert "hunter2" not in stdout + stderr
+    # What went wrong, not the name of pika's wrapper around it.
+    assert "ConnectionRefusedError" in stderr, stderr
+
+
+def test_a_tls_failure_on_the_first_node_moves_on_to_the_next(queue, tmp_path, capsys):
+    """amqps:// to a plaintext port (or a certificate that does not verify): pika's
+    blocking connection raises the ssl error itself, which crashed archive with a
+    traceback and never tried the next node."""
+    tls_to_plain = "amqps://guest:hunter2@127.0.0.1:5672/%2F"
+    fill(queue, ["a"])
+
+    settings = BrokerSettings(url=(tls_to_plain, broker.URL))
+    result = run_archive(queue, tmp_path, broker=settings, max_events=1)
+
+    assert (result.archived, result.stopped) == (1, "max-events")
+    logged = capsys.readouterr().out
+    [failed] = [line for line in logged.splitlines() if "trying the next node" in line]
+    assert "SSL" in json.loads(failed)["error"], failed
+    assert "hunter2" not in logged
 
 
 def test_a_cluster_whose_first_node_is_down_is_drained_through_the_next(queue, tmp_path, capsys):

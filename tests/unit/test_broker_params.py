@@ -1,20 +1,24 @@
 from __future__ import annotations
 
+import pika
 import pytest
 
 from dispatcher.broker.params import (
     Node,
     Rotation,
     connection_parameters,
+    describe_error,
     nodes,
     reconnect_backoff,
     redacted_urls,
     virtual_host,
 )
+from dispatcher.broker.pika_loop import LoopConnection
 from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings, ReconnectSettings, load_settings
 from dispatcher.loop import Loop
 from dispatcher.retry import Backoff
+from tests.support.node import free_port
 
 
 def test_parameters_from_settings():
@@ -228,3 +232,23 @@ def test_knative_vhost_applies_to_every_node_of_rabbitmq_url(tmp_path, monkeypat
         "amqp://u:p,w@rabbit-1:5672/team%2Fa",
     )
     assert virtual_host(broker) == "team/a"
+
+
+def test_a_failed_connect_is_described_by_what_went_wrong() -> None:
+    """pika wraps a failed connect three deep with an empty message at each level:
+    every "broker connect failed" line said ``AMQPConnectionError: `` and nothing
+    else (a certificate that does not verify, a refused connection alike)."""
+    loop = Loop("test")
+    errors: list[BaseException] = []
+    try:
+        LoopConnection(
+            loop,
+            pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"),
+            on_open_error_callback=lambda _c, e: (errors.append(e), loop.request_stop()),
+        )
+        loop.run()
+    finally:
+        loop.close()
+    described = describe_error(errors[0])
+    assert described.startswith("ConnectionRefusedError: "), described
+    assert "Connection refused" in described
