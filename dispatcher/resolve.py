@@ -30,7 +30,7 @@ from dispatcher.config import BatchSettings, BindingSettings, BrokerSettings, Se
 from dispatcher.config.redaction import show
 from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.http.endpoint import Endpoint, endpoint
-from dispatcher.tls import tls_context
+from dispatcher.tls import EncryptedKey, tls_context
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +121,7 @@ def _bearer(binding: BindingSettings, key: str) -> BearerToken | None:
 def _loads(tls: TlsSettings, key: str) -> None:
     try:
         tls_context(tls)
-    except (OSError, ssl.SSLError) as e:
+    except (OSError, ssl.SSLError, EncryptedKey) as e:
         raise ConfigError(key, f"cannot load: {e}") from e
 
 

@@ -14,8 +14,22 @@ import ssl
 from dispatcher.config import TlsSettings
 
 
+class EncryptedKey(ValueError):
+    """The key file asks for a passphrase, and no setting gives one."""
+
+
 def tls_context(tls: TlsSettings) -> ssl.SSLContext:
+    """Raises ``OSError`` (``ssl.SSLError``) for a file that cannot be read or used,
+    ``EncryptedKey`` for a key behind a passphrase: asked for none, OpenSSL would
+    prompt on the terminal, and ``check`` or ``run`` wait there for good."""
     context = ssl.create_default_context(cafile=tls.ca_file)
     if tls.cert_file:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
+        context.load_cert_chain(tls.cert_file, tls.key_file, password=_no_passphrase)
     return context
+
+
+def _no_passphrase() -> bytes:
+    raise EncryptedKey(
+        "the private key is encrypted (it asks for a passphrase, and none can be set): "
+        "give it unencrypted, from a Secret"
+    )

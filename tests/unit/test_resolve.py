@@ -4,6 +4,7 @@ starts, and an error names the key, or the variable the value came from."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,23 @@ def test_a_tls_file_that_cannot_be_loaded_is_refused_by_check(
     broker = {"url": "amqps://guest:secret@localhost/%2F", "tls": {"ca_file": str(junk)}}
     error = check(tmp_path, {"broker": broker}, capsys)
     assert error.startswith("dispatcher: broker.tls: cannot load: "), error
+
+
+def test_an_encrypted_key_is_refused_at_once_not_prompted_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OpenSSL asks for a passphrase on the terminal when none is given: ``check``
+    and ``run`` waited there for good (without a terminal: stray prompts, then
+    "[Errno 22] Invalid argument")."""
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "1", "-subj", "/CN=x",
+         "-keyout", "key.pem", "-out", "cert.pem", "-passout", "pass:secret"],
+        cwd=tmp_path, check=True, capture_output=True,
+    )  # fmt: skip
+    tls = {"cert_file": str(tmp_path / "cert.pem"), "key_file": str(tmp_path / "key.pem")}
+    broker = {"url": "amqps://guest:guest@localhost/%2F", "tls": tls}
+    error = check(tmp_path, {"broker": broker}, capsys)
+    assert error.startswith("dispatcher: broker.tls: cannot load: the private key is encrypted")
 
 
 def test_a_store_url_redis_cannot_read_is_refused_by_check_naming_its_origin(
