@@ -296,13 +296,25 @@ class Handler:
                 f"message body of {len(message.body)} bytes exceeds max_body_size "
                 f"{self._binding.max_body_size}"
             )
-            return self._wrapped(message), problem
+            return self._oversized(message), problem
         try:
             return amqp_binding.read(
                 message, self._vhost, self._binding.queue, self._binding.non_cloudevent
             )
         except Exception as e:  # a mapping bug must not loop the message forever
             return self._wrapped(message), self._bug("reading a message", e)
+
+    def _oversized(self, message: AmqpMessage) -> Event:
+        """The event an oversized message carries in its headers (the binary form:
+        read from them alone, its body never parsed), so that its dead letter keeps
+        the event's own id, type and source; a structured one (a body to parse),
+        or one that is no valid event, is wrapped."""
+        if not (message.content_type or "").lower().startswith("application/cloudevents"):
+            try:
+                return amqp_binding.from_amqp(message)
+            except Exception:  # not a CloudEvent, malformed, a bug: dead-lettered all the same
+                pass
+        return self._wrapped(message)
 
     def _wrapped(self, message: AmqpMessage) -> Event:
         return amqp_binding.wrap(message, self._vhost, self._binding.queue)

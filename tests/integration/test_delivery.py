@@ -404,7 +404,27 @@ def test_oversized_body_is_dead_lettered(make_subscriber, run_service):
     [letter] = sink.wait_for(1)
     assert "exceeds max_body_size 1024" in unquote(letter.headers["ce-dispatchererror"])
     assert len(letter.body) == 2048
+    # The event itself, found and replayed by its own id (it was a wrapper's digest).
+    assert (letter.headers["ce-id"], letter.headers["ce-type"]) == ("big-1", "dev.tests.event")
     assert sub.requests == []
+
+
+def test_an_oversized_structured_message_is_wrapped_unparsed(make_subscriber, run_service):
+    sub, sink = make_subscriber(), make_subscriber()
+    svc = run_service(sub.url, dead_letter={"sink": sink.url}, max_body_size=1024)
+    document = {
+        "specversion": "1.0",
+        "id": "big-2",
+        "source": "/s",
+        "type": "t",
+        "data": "x" * 2048,
+    }
+    body = json.dumps(document).encode()
+    publish(svc.queue, body, content_type="application/cloudevents+json")
+    [letter] = sink.wait_for(1)
+    assert "exceeds max_body_size 1024" in unquote(letter.headers["ce-dispatchererror"])
+    assert letter.headers["ce-type"] == "dev.dispatcher.rabbitmq.message"
+    assert letter.body == body
 
 
 def test_non_cloudevent_with_dead_letter_policy(make_subscriber, run_service):
