@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import ssl
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pika
 
@@ -78,6 +78,14 @@ def check_broker(broker: BrokerSettings) -> None:
             hosts.add(pika.URLParameters(url).virtual_host)
         except Exception as e:  # ValueError, TypeError, OSError or ssl's errors
             raise ConfigError(key, f"invalid connection parameter in {show(url)}: {e}") from None
+        if "ssl_options" in parse_qs(urlsplit(url).query):
+            # Every amqps connection is wrapped in broker.tls's context: the URL's
+            # would be replaced without a word, and its CA or name never used.
+            raise ConfigError(
+                key,
+                f"{show(url)}: ssl_options in the URL is not used; set broker.tls "
+                "(ca_file, cert_file, key_file), which every amqps:// node uses",
+            )
     if len(hosts) > 1:
         raise ConfigError("broker.url", "every node of one cluster must name the same virtual host")
     if broker.uses_tls:

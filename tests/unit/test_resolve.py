@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -97,6 +98,28 @@ def test_a_broker_url_from_rabbitmq_url_is_blamed_on_it(
     error = check(tmp_path, {}, capsys)
     assert error.startswith("dispatcher: RABBITMQ_URL: invalid connection parameter in ")
     assert "cafile, capath and cadata cannot be all omitted" in error
+
+
+def test_ssl_options_in_a_broker_url_are_refused_not_silently_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain pika honours them; here every amqps connection is wrapped in
+    ``broker.tls``'s context, so the URL's CA and server name went unused: ``check``
+    said valid and ``run`` never connected, with no reason given."""
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.pem"],
+        cwd=tmp_path, check=True, capture_output=True,
+    )  # fmt: skip
+    ca = tmp_path / "ca.pem"
+    options = quote(str({"ca_certs": str(ca), "server_hostname": "localhost"}))
+    monkeypatch.setenv(
+        "RABBITMQ_URL", f"amqps://guest:secret@localhost:5671/%2F?ssl_options={options}"
+    )
+    error = check(tmp_path, {}, capsys)
+    assert error.startswith("dispatcher: RABBITMQ_URL: "), error
+    assert "ssl_options in the URL is not used; set broker.tls" in error
+    assert "secret" not in error
 
 
 def test_a_broker_url_with_a_user_and_no_password_is_refused_saying_so(
