@@ -74,7 +74,9 @@ class DeadLetterer:
         sink: Target | None,
         publisher: ConfirmingPublisher | None,
         publish_timeout: float,
+        binding: str,
     ) -> None:
+        self._binding = binding  # its log lines say whose dead letter failed
         self._destination = destination
         self._mode = content_mode
         self._sink = sink
@@ -99,11 +101,15 @@ class DeadLetterer:
             return True
         if outcome.result is Result.ABANDONED:
             return False  # shutdown ended its retry wait: the message is left, not refused
+        last = outcome.last
         log.warning(
-            "dead-letter sink refused",
+            "dead-letter sink refused"
+            if last.status is not None
+            else "dead-letter sink did not answer",
+            binding=self._binding,
             ce_id=letter.id,
-            status=status_field(outcome.last.status),
-            error=outcome.last.error,
+            status=status_field(last.status),
+            error=last.error,
         )
         return False
 
@@ -125,7 +131,11 @@ class DeadLetterer:
         )
         if error is not None:
             log.warning(
-                "dead-letter publish failed", ce_id=letter.id, exchange=exchange, error=error
+                "dead-letter publish failed",
+                binding=self._binding,
+                ce_id=letter.id,
+                exchange=exchange,
+                error=error,
             )
             return False
         return True

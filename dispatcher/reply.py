@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dispatcher import http_binding, tracing
 from dispatcher.config import ContentMode, ReplySettings
 from dispatcher.events import Event
-from dispatcher.seams import ConfirmingPublisher, Refusal, Result, Target, status_field
+from dispatcher.seams import ConfirmingPublisher, Refusal, Result, Target
 
 
 class Replier:
@@ -44,7 +44,10 @@ class Replier:
             if outcome.result is Result.DELIVERED:
                 return None
             last = outcome.last
-            reason = f"reply URL answered {status_field(last.status)} ({last.error or 'HTTP'})"
+            if last.status is None:
+                reason = f"reply URL did not answer ({last.error or 'no answer'})"
+            else:
+                reason = f"reply URL answered {last.status} ({last.error or 'HTTP'})"
             return Refusal(reason, retry=True, status=last.status, body=last.body)
         if self._exchange is not None and self._publisher is not None:
             error = await tracing.publish(

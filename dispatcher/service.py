@@ -187,6 +187,7 @@ class Service:
                 sink,
                 self.publisher,
                 publish_timeout,
+                binding.name,
             ),
             replier,
             self._dedupe(binding, longest_attempt(binding, subscriber)),

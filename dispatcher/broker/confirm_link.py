@@ -335,7 +335,7 @@ class ConfirmLink(Generic[T]):
         ):
             self._on_refused(reason)
         if self._reopen_channel:  # else handed back once the connection has closed
-            self._lose(f"channel closed by the broker: {reason}")
+            self._lose(_closed_why(reason))
         connection = self._connection
         if connection is None or not connection.is_open or self.stopping:
             return
@@ -365,6 +365,16 @@ class ConfirmLink(Generic[T]):
         lost = self.window.lost()  # and delivery tags start again at 1 on the next channel
         if lost:
             self._on_lost(lost, reason)
+
+
+def _closed_why(reason: Any) -> str:
+    """What a publish lost with its channel is told: the broker's doing (a 404, a
+    406), or this side's (pika's ``blocked_connection_timeout``, a lost socket)."""
+    if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+        return f"channel closed by the broker: {reason}"
+    if isinstance(reason, pika.exceptions.ConnectionBlockedTimeout):
+        return "connection closed: blocked by the broker (a resource alarm) past blocked_timeout"
+    return f"channel closed: {describe_error(reason)}"
 
 
 def _close(connection: Any) -> None:

@@ -69,7 +69,9 @@ def test_a_claim_answered_after_grace_starts_no_request(redelivered: bool) -> No
         binding,
         "/",
         subscriber,
-        DeadLetterer(binding.dead_letter, binding.subscriber, "binary", None, None, 1.0),
+        DeadLetterer(
+            binding.dead_letter, binding.subscriber, "binary", None, None, 1.0, binding.name
+        ),
         Replier(binding.reply, "binary", None, None, 1.0),
         dedupe,  # type: ignore[arg-type]
         Metrics().binding("b"),

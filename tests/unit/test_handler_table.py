@@ -397,7 +397,7 @@ ROWS = [
         action=Action.REJECT,
         outcome="rejected",
         status=200,
-        reason="reply URL answered -1 (connection refused); no dead-letter target",
+        reason="reply URL did not answer (connection refused); no dead-letter target",
         replies=("url",),
     ),
     Row(
@@ -1100,6 +1100,7 @@ def run(row: Row, messages: int = 1) -> Ran:
                 sink if binding.dead_letter.sink else None,
                 publisher,
                 1.0,
+                binding.name,
             ),
             Replier(
                 binding.reply,
