@@ -28,6 +28,15 @@ for _name in SERVICE_VARIABLES:
     os.environ.pop(_name, None)
 
 
+@pytest.fixture(autouse=True)
+def _debug_logs() -> Iterator[None]:
+    """Every test starts with the logging above: a test that runs a command
+    (``cli.main``) configures it from its config (info, say), and a later test
+    reading debug lines from its output found none when it ran first."""
+    yield
+    logs.configure("debug", "json")
+
+
 @pytest.fixture
 def subscriber() -> Iterator[Subscriber]:
     sub = Subscriber()
