@@ -280,6 +280,10 @@ def split_listen(listen: str) -> tuple[str, int]:
     Raises ``ValueError`` saying what is wrong (``listen`` makes it a
     ``ConfigError`` naming the key).
     """
+    if "://" in listen:
+        raise ValueError("must be host:port, not a URL (e.g. 0.0.0.0:9090)")
+    if listen != listen.strip() or " " in listen:
+        raise ValueError("must be host:port, without spaces")
     if listen.startswith("["):
         host, bracket, rest = listen[1:].partition("]")
         if not bracket or not host or not rest.startswith(":"):

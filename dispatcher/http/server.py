@@ -111,6 +111,17 @@ def connection_limit() -> int:
     return max(1, min(MAX_CONNECTIONS, soft // DESCRIPTOR_SHARE))
 
 
+def _listener(host: str, port: int) -> socket.socket:
+    """The listening socket: IPv6 for an IPv6 address (``[::]`` also takes IPv4
+    where the system can, as a dual-stack pod needs), else IPv4."""
+    if ":" not in host:
+        return socket.create_server((host, port), backlog=BACKLOG)
+    dual = host == "::" and socket.has_dualstack_ipv6()
+    return socket.create_server(
+        (host, port), family=socket.AF_INET6, backlog=BACKLOG, dualstack_ipv6=dual
+    )
+
+
 class OpsServer:
     def __init__(
         self,
@@ -127,7 +138,7 @@ class OpsServer:
         self._consumers = consumers
         self._stopping = stopping
         self._clock = clock
-        self._listener = socket.create_server((host, port), backlog=BACKLOG)
+        self._listener = _listener(host, port)
         self._listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)

@@ -144,6 +144,22 @@ def test_a_head_with_bare_line_feeds_is_answered(head: bytes) -> None:
         server.close()
 
 
+@pytest.mark.parametrize(("host", "reached"), [("::1", ["::1"]), ("::", ["::1", "127.0.0.1"])])
+def test_an_ipv6_listen_address_is_listened_on(host: str, reached: list[str]) -> None:
+    """``check`` took ``[::]:9090`` (the docs' own example) and ``run`` exited 2 with
+    "Address family for hostname not supported": an IPv4 socket was asked for it.
+    ``[::]`` takes IPv4 clients too where the system can (a dual-stack pod)."""
+    server = OpsServer(host, 0, CollectorRegistry(), time.monotonic, dict, lambda: False)
+    server.start()
+    try:
+        for address in reached if socket.has_dualstack_ipv6() else reached[:1]:
+            with socket.create_connection((address, server.port), timeout=5) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+                assert sock.recv(64).startswith(b"HTTP/1.0 200 ")
+    finally:
+        server.close()
+
+
 # A listener in a process whose every descriptor is taken (by other parts of it),
 # until a line on stdin gives them back.
 STARVED = """

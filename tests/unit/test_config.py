@@ -1303,7 +1303,18 @@ def test_listen_forms(listen: str, host: str, port: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "listen", ["9090", "host:65536", "host:http", "::1:9090", "[::1]", "[::1]9090", 9090]
+    "listen",
+    [
+        "9090",
+        "host:65536",
+        "host:http",
+        "::1:9090",
+        "[::1]",
+        "[::1]9090",
+        9090,
+        " 127.0.0.1:9090",  # run could not resolve " 127.0.0.1"
+        "http://0.0.0.0:9090",
+    ],
 )
 def test_listen_rejects(listen: object) -> None:
     with pytest.raises(ConfigError) as info:
