@@ -26,8 +26,9 @@ from typing import IO
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
 
-from dispatcher.http.server import OpsServer
+from dispatcher.http.server import METRICS_SHARED_FOR, OpsServer, unsent
 from tests.support import broker
 from tests.support.broker import wait_until
 from tests.support.process import DispatcherProcess, child_env
@@ -158,6 +159,58 @@ def test_an_ipv6_listen_address_is_listened_on(host: str, reached: list[str]) ->
                 assert sock.recv(64).startswith(b"HTTP/1.0 200 ")
     finally:
         server.close()
+
+
+class Renders:
+    """A collector that counts how often the registry is rendered."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self.count += 1
+        yield GaugeMetricFamily("renders", "how often /metrics was rendered", value=self.count)
+
+
+def test_a_flood_of_scrapes_shares_renders() -> None:
+    """40 bindings make /metrics 117 KB and 7.5 ms of CPU under the GIL: a hundred
+    scrapes a second delayed deliveries by seconds, and 2,500 clients that never
+    read held a copy each (RSS past the chart's 256 MiB limit)."""
+    now = [100.0]
+    registry = CollectorRegistry()
+    renders = Renders()
+    registry.register(renders)
+    server = OpsServer(
+        "127.0.0.1", 0, registry, time.monotonic, dict, lambda: False, lambda: now[0]
+    )
+    server.start()
+
+    def scrape() -> bytes:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            return answer
+
+    try:
+        answers = [scrape() for _ in range(30)]  # within the same tenth of a second
+        assert renders.count == 1
+        assert all(a.startswith(b"HTTP/1.0 200 ") and b"renders 1.0" in a for a in answers)
+        now[0] += 2 * METRICS_SHARED_FOR
+        assert b"renders 2.0" in scrape()  # a scrape after it sees the registry now
+    finally:
+        server.close()
+
+
+def test_what_is_left_to_send_of_an_answer_in_parts() -> None:
+    head, body = memoryview(b"head"), memoryview(b"body!")
+    assert [bytes(p) for p in unsent([head, body], 0)] == [b"head", b"body!"]
+    assert [bytes(p) for p in unsent([head, body], 2)] == [b"ad", b"body!"]
+    assert [bytes(p) for p in unsent([head, body], 4)] == [b"body!"]
+    assert [bytes(p) for p in unsent([head, body], 6)] == [b"dy!"]
+    assert unsent([head, body], 9) == []
+    assert unsent([head, memoryview(b"")], 4) == []
 
 
 # A listener in a process whose every descriptor is taken (by other parts of it),
