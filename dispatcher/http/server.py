@@ -404,6 +404,11 @@ class OpsServer:
                 else:
                     self._send(404, b'{"error": "not found"}', "application/json")
 
+            def do_HEAD(self) -> None:
+                """What GET would answer, without the body (``curl -I``)."""
+                self.do_GET()
+                self.body = b""
+
             def _send(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
                 self.send_header("content-type", content_type)

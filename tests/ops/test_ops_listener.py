@@ -203,6 +203,23 @@ def test_a_flood_of_scrapes_shares_renders() -> None:
         server.close()
 
 
+def test_head_is_answered_as_get_without_the_body() -> None:
+    """``curl -I /healthz`` got 501."""
+    server = OpsServer("127.0.0.1", 0, CollectorRegistry(), time.monotonic, dict, lambda: False)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"HEAD /healthz HTTP/1.0\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 200 ") and b"content-length: 15" in head
+        assert body == b""
+    finally:
+        server.close()
+
+
 def test_what_is_left_to_send_of_an_answer_in_parts() -> None:
     head, body = memoryview(b"head"), memoryview(b"body!")
     assert [bytes(p) for p in unsent([head, body], 0)] == [b"head", b"body!"]
