@@ -28,6 +28,15 @@ and a probe (a write) every ``PROBE_INTERVAL`` finds it again.
 Settlements that could not be written are kept (up to ``MAX_PENDING``) and
 written when it answers, so a claim made before an outage does not linger
 until its TTL.
+
+A claim lives while its delivery runs, not only for its TTL: every claim not
+settled yet is written again (``_RENEW``: still ours, or gone) every third of
+its TTL, and at once when the store answers again. Without that, a delivery
+that started while the store was down (its claim never written), one whose
+claim a store restarted empty or an eviction lost, and one held past its TTL
+(a rate limit's wait, an open circuit breaker) were unprotected: a redelivery
+to another replica found no claim and was sent again while the first attempt
+still ran.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from redis.retry import Retry
 
 from dispatcher.config import redact_url
 from dispatcher.logs import get_logger
-from dispatcher.loop import Future, Loop
+from dispatcher.loop import Future, Loop, Timer
 from dispatcher.metrics import Metrics
 
 log = get_logger()
@@ -65,6 +74,7 @@ MAX_SETTLES_PER_CALL: Final = 5_000
 # next batch, again and again.
 PROBE_KEYS: Final = ("dispatcher:dedupe-probe:1", "dispatcher:dedupe-probe:2")
 CHUNK: Final = 500
+_SETTLED: Final = 2  # a claim's answer: the event is settled (dedupe.SETTLED)
 
 # Per key (KEYS[i]) and its two arguments (owner value, TTL in ms): 1 claimed
 # by us (now, or by an earlier call whose answer was lost), 2 settled, 0
@@ -87,6 +97,21 @@ for i, key in ipairs(KEYS) do
   end
 end
 return out
+"""
+
+# Per key and its two arguments (owner value, TTL in ms): the claim written again
+# if it is still ours or gone (expired, evicted, a store restarted empty, never
+# written while the store was down); a settled event or another owner's claim
+# is left as it is.
+_RENEW: Final = """
+for i, key in ipairs(KEYS) do
+  local mine = ARGV[2 * i - 1]
+  local held = redis.call('GET', key)
+  if held == mine or not held then
+    redis.call('SET', key, mine, 'PX', ARGV[2 * i])
+  end
+end
+return 0
 """
 
 # Per key and three arguments (owner value, settled 1/0, window in ms): a settled
@@ -115,6 +140,13 @@ class _Claim:
 
 
 @dataclass(slots=True)
+class _Renew:
+    key: str
+    owner: str
+    ttl_ms: int
+
+
+@dataclass(slots=True)
 class _Settle:
     key: str
     owner: str
@@ -139,9 +171,13 @@ class RedisClaims:
         )
         # Called by their digests: redis-py's Script objects would ask SCRIPT EXISTS
         # on every pipeline, a second round trip per batch.
-        self._shas = {_CLAIM: _sha1(_CLAIM), _SETTLE: _sha1(_SETTLE)}
+        self._shas = {_CLAIM: _sha1(_CLAIM), _SETTLE: _sha1(_SETTLE), _RENEW: _sha1(_RENEW)}
         self._claims: deque[_Claim] = deque()
         self._settles: deque[_Settle] = deque()
+        self._renews: list[_Renew] = []  # the latest renewal, not sent yet
+        # The loop's: every claim asked for and not settled, by key: (owner, TTL ms).
+        self._live: dict[str, tuple[str, int]] = {}
+        self._renewal: Timer | None = None
         # What the loop produced since the last hand-over, which the first of
         # them schedules (a callback runs after everything already ready).
         self._new_claims: list[_Claim] = []
@@ -163,17 +199,50 @@ class RedisClaims:
         """1: claimed for ``owner``; 2: settled; 0: another owner holds it; None:
         the store did not answer (resolved at once while it is known to be down)."""
         future: Future[int | None] = self._loop.create_future()
+        ttl_ms = max(1, round(ttl * 1000))
+        self._live[key] = (owner, ttl_ms)  # renewed until settled, answered or not
+        if self._renewal is None:
+            self._renewal = self._loop.call_later(ttl / 3, self._renew)
         if not self.up:
             future.resolve(None)
             return future
-        self._new_claims.append(_Claim(key, owner, max(1, round(ttl * 1000)), future))
+        self._new_claims.append(_Claim(key, owner, ttl_ms, future))
         self._schedule()
         return future
 
     def settle(self, key: str, owner: str, settled: bool, window: float) -> None:
         """Mark the event settled for ``window`` (or release the claim); not awaited."""
+        live = self._live.get(key)
+        if live is not None and live[0] == owner:
+            del self._live[key]
         self._new_settles.append(_Settle(key, owner, settled, max(1, round(window * 1000))))
         self._schedule()
+
+    def _renew(self) -> None:
+        """On the loop, every third of the shortest live TTL while claims live: hand
+        every live claim over to be written again (the latest renewal replaces one
+        not sent yet: the store is down, or behind)."""
+        self._renewal = None
+        if not self._live:
+            return
+        renews = [_Renew(key, owner, ttl) for key, (owner, ttl) in self._live.items()]
+        with self._ready:
+            self._renews = renews
+            self._ready.notify()
+        shortest = min(ttl for _owner, ttl in self._live.values())
+        self._renewal = self._loop.call_later(max(0.1, shortest / 3000), self._renew)
+
+    def _forget(self, claims: list[tuple[str, str]]) -> None:
+        for key, owner in claims:
+            live = self._live.get(key)
+            if live is not None and live[0] == owner:
+                del self._live[key]
+
+    def _renew_now(self, _arg: object = None) -> None:
+        """The store answers again: what was claimed meanwhile is written now."""
+        if self._renewal is not None:
+            self._renewal.cancel()
+        self._renew()
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -207,6 +276,8 @@ class RedisClaims:
         loop_thread = self._loop.thread
         if loop_thread is None or not loop_thread.is_alive():
             self._hand_over()  # what the stopped loop produced last (its state, now idle)
+        if self._renewal is not None:
+            self._renewal.cancel()
         with self._ready:
             self._closing = True
             self._ready.notify()
@@ -227,9 +298,9 @@ class RedisClaims:
         while True:
             claims: list[_Claim] = []
             try:
-                claims, settles, closing = self._take()
-                if claims or settles:
-                    self._call(claims, settles)
+                claims, settles, renews, closing = self._take()
+                if claims or settles or renews:
+                    self._call(claims, settles, renews)
                 if closing:
                     if not self.up or not self._pending():
                         return  # all written, or the store is gone: nothing more will be
@@ -240,10 +311,10 @@ class RedisClaims:
                 self._failed(e)
                 self._answer(claims, None)
 
-    def _take(self) -> tuple[list[_Claim], list[_Settle], bool]:
+    def _take(self) -> tuple[list[_Claim], list[_Settle], list[_Renew], bool]:
         with self._ready:
             if self.up:
-                if not (self._claims or self._settles or self._closing):
+                if not (self._claims or self._settles or self._renews or self._closing):
                     self._ready.wait(_IDLE_WAKE)
             else:
                 # Down: settlements wait for the store, and a ping per interval, not
@@ -254,24 +325,27 @@ class RedisClaims:
             settles: list[_Settle] = []
             while self.up and self._settles and len(settles) < MAX_SETTLES_PER_CALL:
                 settles.append(self._settles.popleft())
-            return claims, settles, self._closing
+            # While down a renewal is dropped: the next one, or the one the store's
+            # return asks for, carries every claim still live.
+            renews, self._renews = self._renews, []
+            return claims, settles, renews if self.up else [], self._closing
 
     def _pending(self) -> bool:
         with self._ready:
             return bool(self._claims or self._settles)
 
-    def _call(self, claims: list[_Claim], settles: list[_Settle]) -> None:
+    def _call(self, claims: list[_Claim], settles: list[_Settle], renews: list[_Renew]) -> None:
         if not self.up:
             self._answer(claims, None)
             return
         try:
             try:
-                results = self._send(claims, settles)
+                results = self._send(claims, settles, renews)
             except redis.exceptions.NoScriptError:
                 # A store restarted (or flushed its scripts): load them, once, and again.
                 for script in self._shas:
                     self._client.script_load(script)
-                results = self._send(claims, settles)
+                results = self._send(claims, settles, renews)
         except (redis.RedisError, OSError) as e:
             self._failed(e)
             self._answer(claims, None)
@@ -284,11 +358,27 @@ class RedisClaims:
                 (c.future, found) for c, found in zip(claims, results, strict=True)
             ]
             self._loop.call_soon_threadsafe(_resolve_all, answers)
+            # Settled already: nothing of ours to keep alive (no settle follows).
+            done = [
+                (c.key, c.owner)
+                for c, found in zip(claims, results, strict=True)
+                if found == _SETTLED
+            ]
+            if done:
+                self._loop.call_soon_threadsafe(self._forget, done)
 
-    def _send(self, claims: list[_Claim], settles: list[_Settle]) -> list[int]:
-        """The claims' answers. Settlements go first: a retry in this process then
-        finds its own earlier attempt released, not still holding the key."""
+    def _send(
+        self, claims: list[_Claim], settles: list[_Settle], renews: list[_Renew]
+    ) -> list[int]:
+        """The claims' answers. Renewals go first: a claim settled since its renewal
+        was made is then settled after it, never written again over its release.
+        Settlements go before claims: a retry in this process then finds its own
+        earlier attempt released, not still holding the key."""
         pipe = self._client.pipeline(transaction=False)
+        for start in range(0, len(renews), CHUNK):
+            some = renews[start : start + CHUNK]
+            args = [value for r in some for value in (r.owner, r.ttl_ms)]
+            pipe.evalsha(self._shas[_RENEW], len(some), *(r.key for r in some), *args)
         for start in range(0, len(settles), CHUNK):
             part = settles[start : start + CHUNK]
             args = [value for s in part for value in (s.owner, int(s.settled), s.window_ms)]
@@ -298,7 +388,7 @@ class RedisClaims:
             args = [value for c in chunk for value in (c.owner, c.ttl_ms)]
             pipe.evalsha(self._shas[_CLAIM], len(chunk), *(c.key for c in chunk), *args)
         results: list[Any] = pipe.execute()
-        skip = -(-len(settles) // CHUNK)  # the settle calls' results
+        skip = -(-len(renews) // CHUNK) - (-len(settles) // CHUNK)  # the others' results
         return [int(found) for answers in results[skip:] for found in answers]
 
     def _answer(self, claims: list[_Claim], value: int | None) -> None:
@@ -347,6 +437,7 @@ class RedisClaims:
                 store=redact_url(self._url),
                 pending_settlements=pending,
             )
+            self._loop.call_soon_threadsafe(self._renew_now, None)
         self.up = up
         self._up_gauge.set(1 if up else 0)
 

@@ -346,6 +346,38 @@ def test_a_redis_cluster_store_stays_down_and_says_why_once(loop, replicas) -> N
     assert a.metrics.value("dispatcher_dedupe_store_up") == 0
 
 
+def test_a_claim_made_while_the_store_was_down_is_written_once_it_is_back(
+    loop, replicas, server
+) -> None:
+    """Its delivery went on from memory; the store came back (empty) while it still
+    ran, and a redelivery to another replica found no claim and was sent again."""
+    a = replicas(server.url)
+    server.kill()
+    claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
+    assert isinstance(claim, Claim)  # decided by memory: the store did not answer
+    server.start()
+    deadline = time.monotonic() + 10
+    while not any(v.startswith("c:") for v in server.keys().values()):
+        assert time.monotonic() < deadline, "the claim was never written"
+        run(loop, loop_sleep(loop, 0.05))
+    b = replicas(server.url)
+    assert run(loop, b.dedupe.claim_or_wait(KEY, 0.3)) == "busy"
+    a.dedupe.release(claim, True)
+    assert run(loop, b.dedupe.claim_or_wait(KEY, 5.0)) == "settled"
+
+
+def test_a_claim_lives_as_long_as_its_delivery_not_only_its_ttl(loop, replicas) -> None:
+    """A delivery held past its claim's TTL (a rate limit's wait, an open circuit
+    breaker) lost its claim: a redelivery elsewhere was sent while it still ran."""
+    a, b = replicas(ttl=0.6), replicas(ttl=0.6)
+    claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
+    assert isinstance(claim, Claim)
+    run(loop, loop_sleep(loop, 2.0))  # more than three TTLs
+    assert run(loop, b.dedupe.claim_or_wait(KEY, 0.3)) == "busy"
+    a.dedupe.release(claim, False)  # released: the redelivery goes
+    assert isinstance(run(loop, b.dedupe.claim_or_wait(KEY, 5.0)), Claim)
+
+
 def test_the_stores_password_is_in_no_log_line_or_metric(loop, replicas) -> None:
     dead = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"
     a = replicas(dead)
