@@ -9,9 +9,15 @@ One function for both sides, so that neither imports the other's library.
 
 from __future__ import annotations
 
+import os
 import ssl
 
 from dispatcher.config import TlsSettings
+from dispatcher.logs import get_logger
+
+log = get_logger()
+
+_Stamp = tuple[tuple[int, int, int] | str | None, ...]
 
 
 class EncryptedKey(ValueError):
@@ -33,3 +39,47 @@ def _no_passphrase() -> bytes:
         "the private key is encrypted (it asks for a passphrase, and none can be set): "
         "give it unencrypted, from a Secret"
     )
+
+
+class ReloadingContext:
+    """``tls_context(tls)``, built again when one of its files changed: a client
+    certificate that cert-manager rotates (a Secret volume swaps a symlink) is
+    used from the next connect on, not only after a restart. Asked for at each
+    connect (a ``stat`` of up to three files). A file caught half-written, or
+    one that cannot be used, keeps the previous context, said once a change."""
+
+    def __init__(self, tls: TlsSettings) -> None:
+        self._tls = tls
+        self._stamp = self._stamps()
+        self._context = tls_context(tls)
+        self._refused: _Stamp | None = None  # the files' state last said unusable
+
+    def current(self) -> ssl.SSLContext:
+        stamp = self._stamps()
+        if stamp in (self._stamp, self._refused):
+            return self._context
+        try:
+            context = tls_context(self._tls)
+        except (OSError, EncryptedKey) as e:
+            self._refused = stamp
+            log.warning(
+                "broker TLS files changed and cannot be used: the previous ones stay", error=str(e)
+            )
+            return self._context
+        self._stamp, self._context, self._refused = stamp, context, None
+        log.info("broker TLS files changed: reloaded")
+        return self._context
+
+    def _stamps(self) -> _Stamp:
+        stamps: list[tuple[int, int, int] | str | None] = []
+        for path in (self._tls.ca_file, self._tls.cert_file, self._tls.key_file):
+            if path is None:
+                stamps.append(None)
+                continue
+            try:
+                st = os.stat(path)  # through a symlink: what a Secret's swap changes
+            except OSError as e:
+                stamps.append(e.strerror or "unreadable")
+                continue
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(stamps)

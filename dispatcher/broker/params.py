@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pika
@@ -34,7 +33,7 @@ from dispatcher.broker import amqp_properties
 from dispatcher.config import BrokerSettings, redact_url
 from dispatcher.logs import get_logger
 from dispatcher.retry import Backoff
-from dispatcher.tls import tls_context
+from dispatcher.tls import ReloadingContext, tls_context
 
 log = get_logger()
 
@@ -43,12 +42,28 @@ log = get_logger()
 CONNECT_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True, slots=True)
 class Node:
-    """One broker node: what to connect with, and its name for logs and metrics."""
+    """One broker node: what to connect with, and its name for logs and metrics.
+    With ``tls``, its parameters carry that context as it is now (``parameters``
+    is read at each connect)."""
 
-    label: str  # host:port, never the password
-    parameters: pika.URLParameters
+    __slots__ = ("_parameters", "_tls", "label")
+
+    def __init__(
+        self, label: str, parameters: pika.URLParameters, tls: ReloadingContext | None = None
+    ) -> None:
+        self.label = label  # host:port, never the password
+        self._parameters = parameters
+        self._tls = tls
+
+    @property
+    def parameters(self) -> pika.URLParameters:
+        tls, parameters = self._tls, self._parameters
+        if tls is not None and parameters.ssl_options is not None:
+            context = tls.current()
+            if parameters.ssl_options.context is not context:
+                parameters.ssl_options = pika.SSLOptions(context, parameters.host)
+        return parameters
 
 
 def node_label(parameters: pika.ConnectionParameters) -> str:
@@ -59,10 +74,11 @@ def node_label(parameters: pika.ConnectionParameters) -> str:
 
 def nodes(broker: BrokerSettings, role: str) -> tuple[Node, ...]:
     """Every node of ``broker.url``, in the order given, with its parameters."""
+    tls = ReloadingContext(broker.tls) if broker.uses_tls else None
     built = []
     for url in broker.urls:
         parameters = connection_parameters(broker, role, url)
-        built.append(Node(node_label(parameters), parameters))
+        built.append(Node(node_label(parameters), parameters, tls))
     return tuple(built)
 
 

@@ -94,7 +94,7 @@ class Publisher:
         on_blocked: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        # Built once: URL parsing and TLS files are not re-read on every reconnect.
+        # Built once (URLs parsed); TLS files are read again when they change (params.Node).
         self._rotation = Rotation(nodes(broker, "publisher"), reconnect_backoff(broker))
         self._node: Node = self._rotation.nodes[0]  # tried last
         self._loop = loop

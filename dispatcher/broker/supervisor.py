@@ -73,7 +73,8 @@ class Supervisor:
         self._metrics = metrics
         self._loop = loop
         self._reconnect = reconnect_backoff(broker, rng)
-        # Built once (URLs, TLS files): raises here, at start, for a bad CA or key.
+        # Built once (URLs, TLS files): raises here, at start, for a bad CA or key; TLS
+        # files that change later are read again at the next connect (params.Node).
         self._rotation = Rotation(nodes(broker, "consumer"), self._reconnect)
         self._node: Node = self._rotation.nodes[0]  # tried last
         self._bindings: dict[str, Consumer] = {}
