@@ -25,7 +25,10 @@ stays 1, across the reconnects that ``blocked_timeout`` causes. What ends it
 is ``Connection.Unblocked``, or a confirm on a connection that has not heard
 ``Connection.Blocked``. Checked on RabbitMQ 3.10: during an alarm the first
 publish on a fresh connection is still confirmed, but the broker sends
-``Connection.Blocked`` before that confirm and holds every later publish. A
+``Connection.Blocked`` before that confirm and holds every later publish.
+Once it has said so, publishes wait here, not in the broker: one written to
+a blocked connection would go out when the alarm ends, long after its
+delivery was told "no confirm" and had published another copy. A
 fresh connection hears nothing until it publishes, so while blocked an empty
 probe goes out every few seconds (not mandatory, to a routing key no queue
 has: the broker confirms and drops it).
@@ -167,9 +170,14 @@ class Publisher:
         request.timer = self._loop.call_later(
             timeout, future.resolve, f"no confirm from the broker within {timeout:g}s"
         )
-        if self._link.ready:
+        if self._link.ready and not self._heard_blocked:
             self._send(request)
         else:
+            # No channel, or one the broker said it holds publishes on: kept here
+            # until it can go, and dropped unsent once its time is up. Written to a
+            # blocked connection it would wait in the broker past its timeout, go
+            # out when the alarm ends, and its delivery, told "no confirm", would
+            # already have tried again: one more reply or dead letter each time.
             self._wait_for_channel(request)
         return future
 
@@ -260,6 +268,8 @@ class Publisher:
     def _heard(self, blocked: bool) -> None:
         self._heard_blocked = blocked
         self._set_blocked(blocked)
+        if not blocked and self._link.ready:
+            self._send_waiting()
 
     def _set_blocked(self, blocked: bool) -> None:
         if blocked == self._blocked:
@@ -272,12 +282,16 @@ class Publisher:
             log.info("broker unblocked the publishing connection")
 
     def _on_ready(self) -> None:
+        if not self._heard_blocked:  # a channel reopened on a blocked connection: not yet
+            self._send_waiting()
+        self._probe(self._link.channel)
+
+    def _send_waiting(self) -> None:
         requests, self._queue = self._queue, deque()
         now = self._clock()
         for request in requests:
             if request.expires > now:  # else its delivery stopped waiting: never late
                 self._send(request)
-        self._probe(self._link.channel)
 
     def _probe(self, channel: Any) -> None:
         """While blocked, an empty publish every few seconds: its confirm ends the block."""

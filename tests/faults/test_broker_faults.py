@@ -19,6 +19,7 @@ from tests.faults.conftest import RECOVERY_TIMES
 from tests.support.broker import (
     declare_fanout_with_queue,
     event_headers,
+    get_all,
     publish,
     publish_events,
     wait_until,
@@ -279,3 +280,46 @@ def test_a_resource_alarm_cannot_hang_dead_lettering(
     # learn that the alarm is over, and the critical alert must stop firing.
     wait_until(lambda: svc.value("dispatcher_broker_blocked") == 0, 20, "the block to clear")
     assert total_reconnects(svc, "connection_lost", "closed_by_broker", "heartbeat_timeout") == 0
+
+
+def test_publishes_wait_here_while_the_broker_holds_them_not_in_the_broker(
+    live_node: RabbitNode, make_subscriber, run_service
+):
+    """During a resource alarm each dead letter written to the blocked connection
+    waited in the broker past its timeout: the message was requeued, sent again,
+    dead-lettered again, and every copy went out when the alarm ended (the explorer
+    saw 6 replies and a dead letter for events that were then delivered). After
+    Connection.Blocked, publishes wait here and are dropped unsent at their time."""
+    alarm_on = threading.Event()
+
+    def refuse_once_alarmed(received: Received, _i: int) -> Reply:
+        if received.headers["ce-id"] == "held":
+            alarm_on.wait(30)  # its dead letter goes to a blocked connection
+        return Reply(400)
+
+    dlx, dlq = declare_fanout_with_queue(live_node.url, prefix="alarm-dlx")
+    sub = make_subscriber(refuse_once_alarmed)
+    svc = run_service(
+        sub.url,
+        url=live_node.url,
+        broker_settings={"blocked_timeout": "60s"},  # the block is heard, not closed on
+        dead_letter={"exchange": dlx},
+        extra_queues=[dlq],
+        extra_exchanges=[dlx],
+        delivery={"retry": 0, "backoff_delay": "100ms", "backoff_max": "300ms", "timeout": "1s"},
+    )
+    publish(svc.queue, headers=event_headers("warm-up"), url=live_node.url)
+    wait_until(lambda: live_node.ready_messages(dlq) == 1, 20, "a dead letter before the alarm")
+    publish(svc.queue, headers=event_headers("held"), url=live_node.url)  # not while blocked
+    wait_until(lambda: "held" in sub.ids(), 20, "the held event at the subscriber")
+    live_node.ctl("set_vm_memory_high_watermark", "0.0000001")
+    try:
+        alarm_on.set()
+        wait_until(lambda: svc.value("dispatcher_broker_blocked") == 1, 20, "the block to show")
+        svc.wait_events("requeued", 4, timeout=30)  # four rounds of a dead letter not confirmed
+    finally:
+        live_node.ctl("set_vm_memory_high_watermark", "0.4")
+    svc.wait_events("dead_lettered", 2, timeout=30)
+    letters = [props.headers["ce-id"] for props, _body in get_all(dlq, url=live_node.url)]
+    # The one written before the broker said it was blocked, and the one after.
+    assert 1 <= letters.count("held") <= 2, letters
