@@ -311,7 +311,8 @@ class Consumer:
             "consumer attached",
             binding=self.name,
             queue=self.settings.queue,
-            prefetch=self._prefetch,
+            prefetch=room,  # this consumer's; the channel's consumers hold channel_prefetch
+            channel_prefetch=self._prefetch,
         )
 
     def cancel(self) -> None:
