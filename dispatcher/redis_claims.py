@@ -178,6 +178,7 @@ class RedisClaims:
         # The loop's: every claim asked for and not settled, by key: (owner, TTL ms).
         self._live: dict[str, tuple[str, int]] = {}
         self._renewal: Timer | None = None
+        self._dropping = False  # settlements past MAX_PENDING dropped since the store went
         # What the loop produced since the last hand-over, which the first of
         # them schedules (a callback runs after everything already ready).
         self._new_claims: list[_Claim] = []
@@ -259,9 +260,14 @@ class RedisClaims:
         with self._ready:
             self._claims.extend(self._new_claims)
             self._settles.extend(self._new_settles)
-            while len(self._settles) > MAX_PENDING:
+            over = len(self._settles) - MAX_PENDING
+            for _ in range(over):
                 self._settles.popleft()  # oldest first: its claim is the nearest to expiring
             self._ready.notify()
+        if over > 0 and not self._dropping:
+            # Their events, redelivered to another replica, will not be found settled.
+            self._dropping = True  # said once an outage (the store's return says it again)
+            log.warning("dedupe store down too long: oldest settlements dropped", kept=MAX_PENDING)
         self._new_claims = []
         self._new_settles = []
 
@@ -437,6 +443,7 @@ class RedisClaims:
                 store=redact_url(self._url),
                 pending_settlements=pending,
             )
+            self._dropping = False
             self._loop.call_soon_threadsafe(self._renew_now, None)
         self.up = up
         self._up_gauge.set(1 if up else 0)

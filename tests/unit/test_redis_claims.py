@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import redis
+import structlog
 from redis.crc import key_slot
 
 from dispatcher.loop import Loop
@@ -55,5 +56,27 @@ def test_a_probe_whose_script_cannot_be_loaded_fails_quietly() -> None:
         claims.up = False
         claims._probe()  # raises nothing: the store stays down, probed again later
         assert not claims.up
+    finally:
+        loop.close()
+
+
+def test_settlements_past_the_bound_drop_the_oldest_and_say_so_once(monkeypatch) -> None:
+    """A long outage under load: the oldest settlements go (their events, redelivered
+    elsewhere, will not be found settled), which was said nowhere."""
+    monkeypatch.setattr("dispatcher.redis_claims.MAX_PENDING", 3)
+    loop = Loop("test")
+    try:
+        claims = RedisClaims("redis://127.0.0.1:1/0", loop, Metrics())  # never started
+        with structlog.testing.capture_logs() as logged:
+            for n in range(5):
+                claims.settle(f"k{n}", "owner", True, 60.0)
+            claims._hand_over()
+            claims.settle("k5", "owner", True, 60.0)
+            claims._hand_over()
+        assert [s.key for s in claims._settles] == ["k3", "k4", "k5"]
+        said = [e for e in logged if e["log_level"] == "warning"]
+        assert [e["event"] for e in said] == [
+            "dedupe store down too long: oldest settlements dropped"
+        ]
     finally:
         loop.close()
