@@ -125,14 +125,26 @@ def test_a_dead_owners_claim_ends_with_its_ttl(loop, replicas) -> None:
 
 
 def test_only_the_owner_releases_its_claim(loop, replicas, binding) -> None:
-    a, b = replicas(ttl=1.0), replicas()
-    stale = run(loop, a.dedupe.claim_first(KEY, 30.0))
-    _eventually(lambda: binding_keys(binding), lambda keys: not keys)  # its TTL (1 s) passed
-    fresh = run(loop, b.dedupe.claim_first(KEY, 30.0))
-    assert fresh is not None and fresh.shared is not None
-    a.dedupe.release(stale, False)  # A's late release must not end B's claim
-    a.claims.close(5.0)
-    assert list(binding_keys(binding).values()) == [fresh.shared[1]]
+    """A live owner renews its claim; one cut off from the store cannot, and its
+    claim expires. Its release, written once the store answers it again, must not
+    end the claim another replica took meanwhile."""
+    path = FaultProxy(6379)
+    try:
+        a, b = replicas(f"redis://127.0.0.1:{path.port}/0", ttl=1.0), replicas()
+        stale = run(loop, a.dedupe.claim_first(KEY, 30.0))
+        path.blackhole()  # A can no longer renew
+        _eventually(lambda: binding_keys(binding), lambda keys: not keys)  # its TTL passed
+        fresh = run(loop, b.dedupe.claim_first(KEY, 30.0))
+        assert fresh is not None and fresh.shared is not None
+        a.dedupe.release(stale, False)  # A's late release must not end B's claim
+        path.restore()
+        deadline = time.monotonic() + 10
+        while not a.claims.up and time.monotonic() < deadline:
+            run(loop, loop_sleep(loop, 0.05))
+        a.claims.close(5.0)  # its release written
+        assert list(binding_keys(binding).values()) == [fresh.shared[1]]
+    finally:
+        path.close()
 
 
 def test_a_publishers_duplicate_is_still_delivered(loop, replicas, binding) -> None:
