@@ -5,13 +5,9 @@ every hour; a dispatcher that runs for weeks must follow without a restart,
 and without reading the file for every request (thousands a second).
 
 So each request stats the file (a few microseconds, no read) and reads it only
-when its identity changed: device, inode, size, modification and change
-times. Kubernetes rotates by swapping a symlink, which changes the inode. A
-file rewritten in place within the filesystem's timestamp granularity (a few
-milliseconds) could keep every one of those, so a file whose modification
-time was within ``RACY_SECONDS`` of the clock when it was read is read again
-by the next request, until it has settled: git's rule for "racily clean"
-files. A file that is empty or holds junk is remembered the same way: read
+when its identity changed (``file_identity``: a file modified within
+``RACY_SECONDS`` of the clock is read again by the next request, until it has
+settled). A file that is empty or holds junk is remembered the same way: read
 again when it changes, not per request.
 
 The file is read at start, by the configuration (missing, empty or not a
@@ -31,17 +27,15 @@ from collections.abc import Callable
 from typing import Final
 
 from dispatcher.errors import TokenFileError
+from dispatcher.file_identity import Identity, identity, settled
 from dispatcher.logs import get_logger
 
 log = get_logger()
 
-RACY_SECONDS: Final = 2.0
 MAX_TOKEN_BYTES: Final = 64 * 1024
 # What an HTTP header value can carry (visible ASCII and inner spaces); a JWT
 # is far narrower, but an opaque token is the issuer's business.
 _TOKEN: Final = re.compile(r"[!-~]([ -~]*[!-~])?")
-
-_Signature = tuple[int, int, int, int, int]
 
 
 def read_token(path: str) -> str:
@@ -61,10 +55,6 @@ def read_token(path: str) -> str:
     return token
 
 
-def _signature(st: os.stat_result) -> _Signature:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 class BearerToken:
     """``header()``: the ``Authorization: Bearer`` line with the file's current token."""
 
@@ -78,7 +68,7 @@ class BearerToken:
         except OSError as e:
             raise TokenFileError(_reason(e)) from e
         self._header = _header(read_token(path))  # a TokenFileError: the caller's config error
-        self._signature = self._trusted(st)
+        self._signature: Identity | None = settled(st, self._clock())
 
     def header(self) -> str:
         try:
@@ -87,7 +77,7 @@ class BearerToken:
             self._signature = None
             self._failed(_reason(e))
             return self._header
-        if _signature(st) != self._signature:
+        if identity(st) != self._signature:
             self._load(st)
         return self._header
 
@@ -103,16 +93,7 @@ class BearerToken:
                 self._failing = False
                 self._log.info("bearer token file readable again")
         # The stat taken before the read: a change after it shows in the next one.
-        self._signature = self._trusted(st)
-
-    def _trusted(self, st: os.stat_result) -> _Signature | None:
-        """``st``'s signature, or None (read again next time) for a file modified
-        so close to now that a rewrite in the same timestamp tick could follow
-        unseen. A clock stepped back makes a file look modified in the future:
-        that too ends when the clock has passed it by ``RACY_SECONDS``."""
-        if abs(self._clock() - st.st_mtime_ns / 1e9) < RACY_SECONDS:
-            return None
-        return _signature(st)
+        self._signature = settled(st, self._clock())
 
     def _failed(self, reason: str) -> None:
         if not self._failing:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 import ssl
+import time
 
 from dispatcher.config import TlsSettings
+from dispatcher.file_identity import Identity, settled
 from dispatcher.logs import get_logger
 
 log = get_logger()
 
-_Stamp = tuple[tuple[int, int, int] | str | None, ...]
+_Stamp = tuple[Identity | str | None, ...]
+_SETTLING = "settling"  # modified too recently to trust its identity (file_identity)
 
 
 class EncryptedKey(ValueError):
@@ -56,8 +59,8 @@ class ReloadingContext:
 
     def current(self) -> ssl.SSLContext:
         stamp = self._stamps()
-        if stamp in (self._stamp, self._refused):
-            return self._context
+        if _SETTLING not in stamp and stamp in (self._stamp, self._refused):
+            return self._context  # a file still settling is read again, as if changed
         try:
             context = tls_context(self._tls)
         except (OSError, EncryptedKey) as e:
@@ -71,7 +74,8 @@ class ReloadingContext:
         return self._context
 
     def _stamps(self) -> _Stamp:
-        stamps: list[tuple[int, int, int] | str | None] = []
+        stamps: list[Identity | str | None] = []
+        now = time.time()
         for path in (self._tls.ca_file, self._tls.cert_file, self._tls.key_file):
             if path is None:
                 stamps.append(None)
@@ -81,5 +85,5 @@ class ReloadingContext:
             except OSError as e:
                 stamps.append(e.strerror or "unreadable")
                 continue
-            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            stamps.append(settled(st, now) or _SETTLING)
         return tuple(stamps)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import structlog
 
-from dispatcher.bearer import RACY_SECONDS, BearerToken
+from dispatcher.bearer import BearerToken
 from dispatcher.errors import TokenFileError
+from dispatcher.file_identity import RACY_SECONDS
 
 
 def header(token: str) -> str:
