@@ -54,6 +54,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dispatcher.config import redact_url
+from dispatcher.dedupe import SETTLED
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future, Loop, Timer
 from dispatcher.metrics import Metrics
@@ -74,7 +75,6 @@ MAX_SETTLES_PER_CALL: Final = 5_000
 # next batch, again and again.
 PROBE_KEYS: Final = ("dispatcher:dedupe-probe:1", "dispatcher:dedupe-probe:2")
 CHUNK: Final = 500
-_SETTLED: Final = 2  # a claim's answer: the event is settled (dedupe.SETTLED)
 
 # Per key (KEYS[i]) and its two arguments (owner value, TTL in ms): 1 claimed
 # by us (now, or by an earlier call whose answer was lost), 2 settled, 0
@@ -368,7 +368,7 @@ class RedisClaims:
             done = [
                 (c.key, c.owner)
                 for c, found in zip(claims, results, strict=True)
-                if found == _SETTLED
+                if found == SETTLED
             ]
             if done:
                 self._loop.call_soon_threadsafe(self._forget, done)
@@ -381,21 +381,22 @@ class RedisClaims:
         Settlements go before claims: a retry in this process then finds its own
         earlier attempt released, not still holding the key."""
         pipe = self._client.pipeline(transaction=False)
-        for start in range(0, len(renews), CHUNK):
-            some = renews[start : start + CHUNK]
-            args = [value for r in some for value in (r.owner, r.ttl_ms)]
-            pipe.evalsha(self._shas[_RENEW], len(some), *(r.key for r in some), *args)
-        for start in range(0, len(settles), CHUNK):
-            part = settles[start : start + CHUNK]
-            args = [value for s in part for value in (s.owner, int(s.settled), s.window_ms)]
-            pipe.evalsha(self._shas[_SETTLE], len(part), *(s.key for s in part), *args)
-        for start in range(0, len(claims), CHUNK):
-            chunk = claims[start : start + CHUNK]
-            args = [value for c in chunk for value in (c.owner, c.ttl_ms)]
-            pipe.evalsha(self._shas[_CLAIM], len(chunk), *(c.key for c in chunk), *args)
+        skip = self._calls(pipe, _RENEW, [(r.key, (r.owner, r.ttl_ms)) for r in renews])
+        skip += self._calls(
+            pipe, _SETTLE, [(s.key, (s.owner, int(s.settled), s.window_ms)) for s in settles]
+        )
+        self._calls(pipe, _CLAIM, [(c.key, (c.owner, c.ttl_ms)) for c in claims])
         results: list[Any] = pipe.execute()
-        skip = -(-len(renews) // CHUNK) - (-len(settles) // CHUNK)  # the others' results
         return [int(found) for answers in results[skip:] for found in answers]
+
+    def _calls(self, pipe: Any, script: str, keyed: list[tuple[str, tuple[object, ...]]]) -> int:
+        """``script`` on ``pipe`` for every (key, its arguments), ``CHUNK`` keys a
+        call; how many calls."""
+        for start in range(0, len(keyed), CHUNK):
+            part = keyed[start : start + CHUNK]
+            args = [value for _key, values in part for value in values]
+            pipe.evalsha(self._shas[script], len(part), *(key for key, _ in part), *args)
+        return -(-len(keyed) // CHUNK)
 
     def _answer(self, claims: list[_Claim], value: int | None) -> None:
         if claims:
