@@ -40,7 +40,7 @@ from dispatcher.events import (
     header_safe_media_type,
     validated,
 )
-from dispatcher.json_format import from_structured
+from dispatcher.json_format import from_structured, is_structured
 
 WRAPPED_TYPE: Final = "dev.dispatcher.rabbitmq.message"
 
@@ -134,9 +134,8 @@ def from_amqp(message: AmqpMessage) -> Event:
     and ``EventError`` (with a reason fit for a dead-letter) when it has one but
     is not a valid CloudEvent.
     """
-    content_type = message.content_type or ""
-    if content_type.lower().startswith("application/cloudevents"):
-        return from_structured(content_type, message.body)
+    if is_structured(message.content_type):
+        return from_structured(message.content_type or "", message.body)
     attributes = _binary_attributes(message.headers)
     if attributes is None:
         raise NotACloudEvent("no CloudEvents specversion in headers or content type")

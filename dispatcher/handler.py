@@ -52,6 +52,7 @@ from dispatcher.dedupe import Claim
 from dispatcher.errors import EventError
 from dispatcher.events import AmqpMessage, Event
 from dispatcher.filters import Predicate
+from dispatcher.json_format import is_structured
 from dispatcher.logs import get_logger
 from dispatcher.metrics import BindingMetrics
 from dispatcher.reply import Replier
@@ -309,7 +310,7 @@ class Handler:
         read from them alone, its body never parsed), so that its dead letter keeps
         the event's own id, type and source; a structured one (a body to parse),
         or one that is no valid event, is wrapped."""
-        if not (message.content_type or "").lower().startswith("application/cloudevents"):
+        if not is_structured(message.content_type):
             try:
                 return amqp_binding.from_amqp(message)
             except Exception:  # not a CloudEvent, malformed, a bug: dead-lettered all the same

@@ -18,7 +18,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 from dispatcher.config import ContentMode
 from dispatcher.events import Event, HttpRequestParts, attribute_text, validated
-from dispatcher.json_format import STRUCTURED_CONTENT_TYPE, from_structured, to_json
+from dispatcher.json_format import STRUCTURED_CONTENT_TYPE, from_structured, is_structured, to_json
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 # Sent with every request to a subscriber (not to a sink or reply URL): the
@@ -76,7 +76,7 @@ def is_http_cloudevent(headers: Mapping[str, str]) -> bool:
         lowered = name.lower()
         if lowered == "ce-specversion":
             return True
-        if lowered == "content-type" and value.lower().startswith("application/cloudevents"):
+        if lowered == "content-type" and is_structured(value):
             return True
     return False
 
@@ -92,7 +92,7 @@ def from_http_response(headers: Mapping[str, str], body: bytes) -> Event | None:
         return None
     lowered = {k.lower(): v for k, v in headers.items()}
     content_type = lowered.get("content-type", "")
-    if content_type.lower().startswith("application/cloudevents"):
+    if is_structured(content_type):
         return from_structured(content_type, body)
     attributes: dict[str, str] = {}
     for name, value in lowered.items():

@@ -20,6 +20,14 @@ from dispatcher.errors import EventError
 from dispatcher.events import Event, attribute_text, checked_text, validated
 
 STRUCTURED_CONTENT_TYPE: Final = "application/cloudevents+json"
+
+
+def is_structured(content_type: str | None) -> bool:
+    """A content type that says the body is a whole event (the structured mode, or
+    a batch): every binding reads the mode by it, HTTP and AMQP alike."""
+    return (content_type or "").lower().startswith("application/cloudevents")
+
+
 # Attributes the JSON format requires to be strings (extensions may be numbers or booleans).
 _STRING_ATTRIBUTES: Final = frozenset(
     {"specversion", "id", "source", "type", "datacontenttype", "dataschema", "subject", "time"}
