@@ -62,8 +62,10 @@ publish: $(VENV)/.installed
 	$(PY) cmd/publish_demo.py
 
 # The whole suite, every marker included. The shared broker and Redis must
-# answer: .ci/broker and .ci/redis start the installed ones if they are not running.
+# answer: .ci/broker and .ci/redis start the installed ones if they are not running;
+# .ci/tools installs the command-line tools the tests call (openssl).
 test: $(VENV)/.installed
+	@bash .ci/tools
 	@bash .ci/broker
 	@bash .ci/redis
 	$(PY) -m pytest $(PYTEST_ARGS)
