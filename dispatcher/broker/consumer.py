@@ -25,6 +25,14 @@ consumers may prefetch only what is free (``fill``): a broker that closes the
 channel ten times in a row gets one prefetch's worth of messages held here,
 not ten.
 
+A channel has one consumer at a time. A consumer's prefetch is fixed when it
+starts, so when room frees up later the consumer is replaced (cancelled, then
+one started with all the room) rather than joined by another: on a queue with
+``x-single-active-consumer`` the broker feeds only the first consumer, and one
+of a few slots would stay the binding's only one. A message the broker sent
+to a consumer being cancelled is returned to the queue by pika (redelivered,
+never seen here).
+
 A binding with a circuit breaker (``dispatcher.breaker``) stops taking
 messages while it is open: its consumers are cancelled (the broker keeps the
 rest of the queue for other replicas), no waiting message starts, and the
@@ -104,10 +112,11 @@ class Consumer:
         self._running = 0  # of those held, the ones handed over to a delivery
         self._waiting: deque[Received] = deque()  # held, not handed over yet (this channel's)
         self._starting = False  # ``_start_waiting`` is on the stack
-        # Pausing (circuit open): consumers being cancelled one after the other
-        # (pika runs a CancelOk callback for any consumer's CancelOk).
-        self._pausing = False
+        # Consumers being cancelled one after the other, to pause (circuit open)
+        # or to be replaced (pika runs a CancelOk callback for any consumer's CancelOk).
+        self._cancelling = False
         self._to_cancel: list[str] = []
+        self._replacing = False  # cancelled to start a bigger one: still consuming
         self._setting_up = 0  # prefetch given to consumers not confirmed yet
         self._last_tag = 0  # the latest delivery tag of this channel
         # This channel's messages below this tag came to consumers since cancelled:
@@ -137,7 +146,8 @@ class Consumer:
         channel = self.channel  # read once: the ops thread asks while the loop changes it
         if self._paused() and self.ready and channel is not None and channel.is_open:
             return "paused"
-        return "up" if self.consumer_tags and not self._stream else "down"
+        consuming = self.consumer_tags or self._replacing
+        return "up" if consuming and not self._stream else "down"
 
     @property
     def waiting(self) -> int:
@@ -237,7 +247,8 @@ class Consumer:
     def _reset_channel_counts(self) -> None:
         """What belongs to one channel: a new one starts from nothing."""
         self.ready, self._prefetch, self._current = False, 0, 0
-        self._pausing, self._to_cancel, self._setting_up = False, [], 0
+        self._cancelling, self._to_cancel, self._setting_up = False, [], 0
+        self._replacing = False
         self._last_tag, self._watermark = 0, 0
 
     def _drop_waiting(self) -> None:
@@ -251,17 +262,18 @@ class Consumer:
     def fill(self) -> None:
         """Consume with whatever room the binding's in-flight bound leaves.
 
-        A consumer's prefetch is fixed when it starts (per-consumer qos), so room
-        that frees up later is taken by another consumer on the same channel. The
-        first takes ``prefetch`` minus the closed channels' deliveries still
-        running (at least one must be free); more are added as those finish, a
-        quarter of ``prefetch`` at a time or the rest once they are all done:
-        a handful of consumers per channel at most, never a slot left idle long.
+        A consumer's prefetch is fixed when it starts (per-consumer qos). The
+        first takes ``prefetch`` minus the deliveries still running that no
+        consumer's prefetch covers (a closed channel's, a cancelled consumer's;
+        at least one slot must be free). As those finish it is replaced by one
+        with all the room, a quarter of ``prefetch`` more at a time or the rest
+        once they are all done: a few replacements after a disruption, never a
+        slot left idle long.
         """
         channel = self.channel
         if not self.ready or channel is None or not channel.is_open:
             return
-        if self._shared.stopping() or self._pausing:
+        if self._shared.stopping() or self._cancelling or self._setting_up:
             return
         if self._paused():
             self._take_probe()
@@ -271,7 +283,10 @@ class Consumer:
         step = max(1, self.settings.effective_prefetch // 4)
         if room < 1 or (self._prefetch and orphans and room < step):
             return
-        self._take(room)
+        if self.consumer_tags:
+            self._replace()
+        else:
+            self._take(room)
 
     def _take(self, room: int) -> None:
         """A consumer with prefetch ``room`` on the current channel."""
@@ -300,6 +315,7 @@ class Consumer:
         if generation != self.generation:
             return
         self._setting_up -= room
+        self._replacing = False
         self.consumer_tags.append(tag)
         if self._breaker is not None and self._breaker.state is CircuitState.OPEN:
             self._pause()  # it opened while this consumer was being set up
@@ -314,12 +330,14 @@ class Consumer:
             prefetch=room,  # this consumer's; the channel's consumers hold channel_prefetch
             channel_prefetch=self._prefetch,
         )
+        self.fill()  # room freed while it was set up
 
     def cancel(self) -> None:
         """Stop consuming (shutdown): no new message arrives on this channel, and
         none waiting starts (they go back to the broker with the channel)."""
         self._drop_waiting()
-        if self.channel is not None and self.channel.is_open and self.consumer_tags:
+        replacing, self._replacing = self._replacing, False
+        if self.channel is not None and self.channel.is_open and (self.consumer_tags or replacing):
             for tag in self.consumer_tags:
                 self.channel.basic_cancel(tag)
             self.consumer_tags = []
@@ -471,16 +489,27 @@ class Consumer:
         broker's consumer_timeout (and stay out of other replicas' reach)."""
         channel = self.channel
         tags, self.consumer_tags = self.consumer_tags, []
+        replacing, self._replacing = self._replacing, False
         if channel is None or not channel.is_open:
             return
         self._give_back_waiting()
-        if not tags:
+        if not tags and not replacing:
             return
-        self._to_cancel.extend(tags)
         self._shared.metrics.consumer_up.labels(self.name).set(0)
         log.info("consumer paused: circuit open", binding=self.name)
-        if not self._pausing:
-            self._pausing = True
+        self._cancel(tags)
+
+    def _replace(self) -> None:
+        """Cancel this channel's consumer; once the broker has answered, ``fill``
+        starts one with all the room. Readiness stays up meanwhile."""
+        tags, self.consumer_tags = self.consumer_tags, []
+        self._replacing = True
+        self._cancel(tags)
+
+    def _cancel(self, tags: list[str]) -> None:
+        self._to_cancel.extend(tags)
+        if not self._cancelling:
+            self._cancelling = True
             self._cancel_next(self.generation, None)
 
     def _give_back_waiting(self) -> None:
@@ -496,7 +525,7 @@ class Consumer:
         """One cancel at a time: pika calls a CancelOk callback for whichever
         consumer's CancelOk comes first, so each is registered only once the one
         before it is answered."""
-        if generation != self.generation or not self._pausing:
+        if generation != self.generation or not self._cancelling:
             return
         channel = self.channel
         if self._to_cancel and channel is not None and channel.is_open:
@@ -504,7 +533,7 @@ class Consumer:
                 self._to_cancel.pop(), callback=partial(self._cancel_next, generation)
             )
             return
-        self._pausing = False
+        self._cancelling = False
         # No consumer left on this channel but those still being set up: what it
         # holds is covered by no prefetch.
         self._watermark = self._last_tag + 1
