@@ -25,21 +25,15 @@ consumers may prefetch only what is free (``fill``): a broker that closes the
 channel ten times in a row gets one prefetch's worth of messages held here,
 not ten.
 
-A channel has one consumer at a time. A consumer's prefetch is fixed when it
-starts, so when room frees up later the consumer is replaced (cancelled, then
-one started with all the room) rather than joined by another: on a queue with
-``x-single-active-consumer`` the broker feeds only the first consumer, and one
-of a few slots would stay the binding's only one. A message the broker sent
-to a consumer being cancelled is returned to the queue by pika (redelivered,
-never seen here).
-
 A binding with a circuit breaker (``dispatcher.breaker``) stops taking
 messages while it is open: its consumers are cancelled (the broker keeps the
 rest of the queue for other replicas), no waiting message starts, and the
 deliveries already running wait in the breaker for their next attempt. Half
 open, one message is started to be the probe: one that waits here, else one
 taken by a consumer of prefetch 1 (unless a delivery already waits in the
-breaker to be it). Closed again, consumption resumes with the free room.
+breaker to be it). Closed again, consumption resumes with the free room, the
+probe's consumer replaced by one with all of it (on a single-active-consumer
+queue the broker would go on feeding only that first consumer).
 Cancelled consumers' messages stay held and counted: their slots are not
 covered by any consumer's prefetch any more (``_watermark``), so the room
 given to new consumers leaves them out.
@@ -116,7 +110,7 @@ class Consumer:
         # or to be replaced (pika runs a CancelOk callback for any consumer's CancelOk).
         self._cancelling = False
         self._to_cancel: list[str] = []
-        self._replacing = False  # cancelled to start a bigger one: still consuming
+        self._replacing = False  # the probe's consumer, cancelled for a full one
         self._setting_up = 0  # prefetch given to consumers not confirmed yet
         self._last_tag = 0  # the latest delivery tag of this channel
         # This channel's messages below this tag came to consumers since cancelled:
@@ -262,18 +256,20 @@ class Consumer:
     def fill(self) -> None:
         """Consume with whatever room the binding's in-flight bound leaves.
 
-        A consumer's prefetch is fixed when it starts (per-consumer qos). The
-        first takes ``prefetch`` minus the deliveries still running that no
-        consumer's prefetch covers (a closed channel's, a cancelled consumer's;
-        at least one slot must be free). As those finish it is replaced by one
-        with all the room, a quarter of ``prefetch`` more at a time or the rest
-        once they are all done: a few replacements after a disruption, never a
-        slot left idle long.
+        A consumer's prefetch is fixed when it starts (per-consumer qos), so room
+        that frees up later is taken by another consumer on the same channel. The
+        first takes ``prefetch`` minus the closed channels' deliveries still
+        running (at least one must be free); more are added as those finish, a
+        quarter of ``prefetch`` at a time or the rest once they are all done:
+        a handful of consumers per channel at most, never a slot left idle long.
+        (Replacing the consumer instead would leave its own messages uncovered
+        each time: under a backlog the new one gets only the freed few, and the
+        binding churns through small consumers.)
         """
         channel = self.channel
         if not self.ready or channel is None or not channel.is_open:
             return
-        if self._shared.stopping() or self._cancelling or self._setting_up:
+        if self._shared.stopping() or self._cancelling:
             return
         if self._paused():
             self._take_probe()
@@ -283,10 +279,7 @@ class Consumer:
         step = max(1, self.settings.effective_prefetch // 4)
         if room < 1 or (self._prefetch and orphans and room < step):
             return
-        if self.consumer_tags:
-            self._replace()
-        else:
-            self._take(room)
+        self._take(room)
 
     def _take(self, room: int) -> None:
         """A consumer with prefetch ``room`` on the current channel."""
@@ -330,7 +323,6 @@ class Consumer:
             prefetch=room,  # this consumer's; the channel's consumers hold channel_prefetch
             channel_prefetch=self._prefetch,
         )
-        self.fill()  # room freed while it was set up
 
     def cancel(self) -> None:
         """Stop consuming (shutdown): no new message arrives on this channel, and
@@ -480,6 +472,8 @@ class Consumer:
         else:
             # Half open: a waiting message is the probe before a consumer takes one.
             self._start_waiting()
+            if state is CircuitState.CLOSED and self.consumer_tags:
+                self._replace_probe_consumer()
             self.fill()
 
     def _pause(self) -> None:
@@ -499,9 +493,14 @@ class Consumer:
         log.info("consumer paused: circuit open", binding=self.name)
         self._cancel(tags)
 
-    def _replace(self) -> None:
-        """Cancel this channel's consumer; once the broker has answered, ``fill``
-        starts one with all the room. Readiness stays up meanwhile."""
+    def _replace_probe_consumer(self) -> None:
+        """Closed by its probe: the only consumer is the probe's, of prefetch 1.
+        Joined by another, it would stay the queue's first consumer, and on a
+        queue with ``x-single-active-consumer`` the broker feeds the first only:
+        the binding would run one delivery at a time until the next rebuild. So
+        it is cancelled (it holds the probe, unsettled yet: nothing can be on
+        its way to it) and, once the broker has answered, ``fill`` starts one
+        with all the room. Readiness stays up meanwhile."""
         tags, self.consumer_tags = self.consumer_tags, []
         self._replacing = True
         self._cancel(tags)
