@@ -3,7 +3,9 @@
 The event keeps every attribute and its data, and gains Knative's extensions:
 ``knativeerrordest`` (subscriber URL, password redacted), ``knativeerrorcode``
 (last status or -1) and ``knativeerrordata`` (base64 of the response body, at
-most 1024 characters). When dispatcher itself decided (a malformed message, an
+most 1024 characters), all three of one hop: when the reply URL refused the
+subscriber's reply, its URL, status and body, as Knative's dispatcher reports
+a failed reply. When dispatcher itself decided (a malformed message, an
 invalid reply), ``dispatchererror`` says why in words. A dead letter carries
 the original message's W3C trace headers, as an HTTP header to the sink and
 an AMQP header on the exchange.
@@ -38,11 +40,12 @@ class Failure:
     )  # last HTTP status; None: no answer (timeout, transport error) or our own decision
     body: bytes = b""
     reason: str | None = None
+    destination: str | None = None  # whose answer ``code`` and ``body`` are; None: the subscriber's
 
 
 def dead_letter_event(event: Event, destination: str, failure: Failure) -> Event:
     extensions = {
-        "knativeerrordest": redact_url(destination),
+        "knativeerrordest": redact_url(failure.destination or destination),
         "knativeerrorcode": str(status_field(failure.code)),
         "knativeerrordata": base64.b64encode(failure.body[:_ERROR_DATA_BYTES]).decode("ascii"),
     }

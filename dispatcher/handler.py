@@ -344,7 +344,7 @@ class Handler:
             # Shutdown cut the reply short: not the event's failure. Leave it.
             return _Final(Action.LEAVE, None, outcome.attempts, last.status, refusal.reason)
         else:
-            failure = Failure(refusal.status, refusal.body, reason=refusal.reason)
+            failure = Failure(refusal.status, refusal.body, refusal.reason, refusal.destination)
         return await self._give_up(event, failure, outcome.attempts, last.status, trace)
 
     async def _forward_reply(self, trace: Mapping[str, str], last: Response) -> Refusal | None:

@@ -28,6 +28,7 @@ class Replier:
         publish_timeout: float,
     ) -> None:
         self._mode = content_mode
+        self._url = settings.url
         self._target = target
         self._routing_key = settings.routing_key
         # ``exchange: ""`` is the default exchange, a real target; None is none.
@@ -48,7 +49,9 @@ class Replier:
                 reason = f"reply URL did not answer ({last.error or 'no answer'})"
             else:
                 reason = f"reply URL answered {last.status} ({last.error or 'HTTP'})"
-            return Refusal(reason, retry=True, status=last.status, body=last.body)
+            return Refusal(
+                reason, retry=True, status=last.status, body=last.body, destination=self._url
+            )
         if self._exchange is not None and self._publisher is not None:
             error = await tracing.publish(
                 self._publisher,

@@ -114,13 +114,15 @@ class Refusal:
     ``retry``: the attempt failed and the next one may do better (the reply
     target refused or did not answer); False when no attempt can (the reply
     itself is invalid). ``status`` and ``body`` are what the dead letter
-    carries: the reply target's answer, or the subscriber's for a bad reply.
+    carries: the reply target's answer, or the subscriber's for a bad reply;
+    ``destination`` is whose they are (None: the subscriber's).
     """
 
     reason: str
     retry: bool
     status: int | None = None
     body: bytes = b""
+    destination: str | None = None
 
 
 # Run on a 2xx before it counts as delivered: ``None`` accepts it.

@@ -32,9 +32,10 @@ K_OBSERVABILITY_CONFIG tracing                      JSON; its ``tracing`` with p
                                                     spoken here, tracing stays off
                                                     (``advice`` says so)
 DLX                    (no effect)                  Knative acks failures on its DLQ
-                                                    dispatcher, dropping them; we never
-                                                    drop, so they are requeued after
-                                                    a backoff instead
+                                                    dispatcher, dropping them; without
+                                                    a dead-letter target we reject
+                                                    them, so only the queue's own
+                                                    dead-letter exchange keeps them
 =====================  ===========================  ===============================
 
 Filters and subscriber auth have no variables to map: Knative's controller

@@ -309,10 +309,12 @@ def test_cp_event_delivery_a_failed_reply_dead_letters_the_original_event(
 ):
     """MUST: "an event (either the initial event or a reply) cannot be delivered":
     when the reply never gets through, the event dead-lettered is the original
-    one, with its trace context, not the reply."""
+    one, with its trace context, not the reply. Its ``knativeerror*`` fields are
+    the reply URL's, all three (Knative's dispatcher reports a failed reply so):
+    the subscriber answered 200."""
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY_EVENT, body=b"{}"))
-    ingress = make_subscriber(lambda _r, _i: Reply(500))
+    ingress = make_subscriber(lambda _r, _i: Reply(500, body=b"ingress says no"))
     sink = make_subscriber()
     svc = run_service(
         sub.url,
@@ -325,6 +327,9 @@ def test_cp_event_delivery_a_failed_reply_dead_letters_the_original_event(
     svc.wait_events("dead_lettered", 1)
     assert (letter.headers["ce-id"], letter.body) == ("cp-14", b'{"o": 1}')
     assert letter.headers["traceparent"] == traceparent
+    assert letter.headers["ce-knativeerrordest"] == ingress.url
+    assert letter.headers["ce-knativeerrorcode"] == "500"
+    assert base64.b64decode(letter.headers["ce-knativeerrordata"]) == b"ingress says no"
 
 
 def test_cp_event_delivery_without_a_dead_letter_sink_the_event_is_dropped(
