@@ -47,6 +47,13 @@ WRAPPED_TYPE: Final = "dev.dispatcher.rabbitmq.message"
 # Header prefixes of the binary forms, lower-cased; the bare form has none.
 _PREFIXES: Final = ("ce-", "cloudevents_", "cloudevents:")
 _ATTR_NAME: Final = re.compile(r"^[a-z0-9]{1,64}$")
+# The bare form is the Knative broker ingress's layout. It writes its span's W3C
+# context as bare ``traceparent``/``tracestate`` headers: trace context, passed
+# on as such (``http_binding.trace_headers``), never an event attribute, as
+# Knative's own dispatcher reads them. And it writes ``time`` for an event that
+# had none as Go's zero instant, which Knative's SDK reads back as no time.
+_BARE_TRACE_CONTEXT: Final = frozenset({"traceparent", "tracestate"})
+_GO_ZERO_TIME: Final = "0001-01-01T00:00:00Z"
 # Headers the broker adds or changes on redelivery; an id derived from them
 # would not be stable.
 _VOLATILE_HEADERS: Final = frozenset(
@@ -157,11 +164,14 @@ def _binary_attributes(headers: Mapping[str, Any]) -> dict[str, str] | None:
         # Bare form: every header that could be an attribute name is one (the
         # Knative ingress writes extensions bare as well); broker headers such
         # as x-death contain '-' and are not.
-        return {
+        attributes = {
             name: attribute_text(original, value)
             for name, (original, value) in lowered.items()
-            if _ATTR_NAME.match(name) and value is not None
+            if _ATTR_NAME.match(name) and value is not None and name not in _BARE_TRACE_CONTEXT
         }
+        if attributes.get("time") == _GO_ZERO_TIME:
+            del attributes["time"]
+        return attributes
     return None
 
 

@@ -40,6 +40,21 @@ def test_bare_form_takes_extensions_but_not_broker_headers():
     assert "x-death" not in event.attributes
 
 
+def test_the_knative_ingress_layout_carries_no_invented_attributes():
+    """eventing-rabbitmq's ingress (``CloudEventToRabbitMQMessage``) writes its span's
+    W3C context as bare headers and ``time`` as Go's zero instant when the event had
+    none; Knative's dispatcher reads neither as the event's (and its SDK drops a zero
+    time). The trace headers still go on as trace headers."""
+    trace = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "tracestate": "k=v"}
+    headers = {**REQUIRED, "content-type": "text/plain", "time": "0001-01-01T00:00:00Z", **trace}
+    message = AmqpMessage(b"data", headers)
+    event = amqp_binding.from_amqp(message)
+    assert dict(event.attributes) == REQUIRED
+    assert http_binding.trace_headers(message.headers) == trace
+    timed = AmqpMessage(b"data", {**headers, "time": "2026-01-02T03:04:05Z"})
+    assert amqp_binding.from_amqp(timed).attributes["time"] == "2026-01-02T03:04:05Z"
+
+
 def test_prefixed_form_ignores_other_headers():
     message = binary("ce-")
     message = AmqpMessage(message.body, {**message.headers, "id": "other", "x-death": []})
