@@ -314,6 +314,8 @@ class Row:
     sends: int = 1  # requests to the subscriber
     letters: tuple[tuple[str, str], ...] = ()  # (where, knativeerrorcode), in order sent
     letter_reason: str | None = None  # in every letter's dispatchererror; None: absent
+    # whose answer the letters' knativeerror* fields are: the reply URL's when it refused
+    letter_dest: str = "http://subscriber.test/"
     last_letter_wrapped: bool = False  # the last letter is the message as received, wrapped
     replies: tuple[str, ...] = ()  # where a reply went: "url" or an exchange
     backoffs: tuple[int, ...] = ()  # the retry number of each backoff asked for
@@ -367,6 +369,7 @@ ROWS = [
         reason="reply URL answered 503",
         letters=(("sink", "503"),),
         letter_reason="reply URL answered 503",
+        letter_dest="http://reply.test/",  # the three knativeerror* fields of one hop
         replies=("url",) * (RETRY + 1),
         settled_after=True,
     ),
@@ -1214,7 +1217,7 @@ def check_letters(ran: Ran, row: Row) -> None:
     sent = letters(ran)
     assert [(where, a["knativeerrorcode"]) for where, a in sent] == list(row.letters)
     for _where, attributes in sent:
-        assert attributes["knativeerrordest"] == "http://subscriber.test/"
+        assert attributes["knativeerrordest"] == row.letter_dest
         if row.letter_reason is None:
             assert "dispatchererror" not in attributes
         else:
