@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from dispatcher.config.redaction import redact_query
 from dispatcher.events import Event
 
 if TYPE_CHECKING:
@@ -49,7 +50,9 @@ def peer(url: str) -> Peer:
     netloc = f"[{host}]" if ":" in host else host
     if parts.port is not None:
         netloc += f":{parts.port}"
-    return Peer(host, port, urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, "")))
+    full = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+    # OpenTelemetry's HTTP conventions: userinfo dropped, signatures REDACTED.
+    return Peer(host, port, redact_query(full, "REDACTED"))
 
 
 class AttemptSpan(Protocol):

@@ -14,10 +14,17 @@ from typing import Final
 
 # A URL's scheme, "amqp://" or "rediss://": redaction works for any of them.
 SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+# Query parameters that carry a secret: redis-py reads a store's password from
+# ``?password=``, and OpenTelemetry's HTTP conventions name the signed-URL keys
+# (AWS, Google Cloud, Azure SAS) whose values a span must not show.
+_SECRET_QUERY: Final = re.compile(
+    r"([?&](?:password|sig|signature|x-goog-signature|awsaccesskeyid)=)[^&#]*", re.IGNORECASE
+)
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any userinfo password replaced by ``***`` (the user name is kept).
+    """``url`` with any userinfo password replaced by ``***`` (the user name is
+    kept), and any secret query value (``redact_query``).
 
     People paste passwords without percent-encoding them, so a password may
     hold ``/``, ``?``, ``#``, ``@``, ``%``, spaces, even ``://``: RFC 3986's
@@ -29,6 +36,7 @@ def redact_url(url: str) -> str:
     ``scheme://`` (``user:pw@host``, ``//user:pw@host``, a user's typo) the
     same rule applies from the start of the string, but for ``mailto:``.
     """
+    url = redact_query(url)
     scheme = SCHEME.search(url)
     start = scheme.end() if scheme is not None else 0
     if scheme is None and url[:7].lower() == "mailto:":
@@ -38,6 +46,12 @@ def redact_url(url: str) -> str:
     if at < 0 or colon < 0:
         return url  # no "@", or a user name alone: nothing secret
     return f"{url[: colon + 1]}***{url[at:]}"
+
+
+def redact_query(url: str, mask: str = "***") -> str:
+    """``url`` with the values of query parameters that carry a secret masked
+    (``?password=``, signed-URL signatures); the rest of the query is kept."""
+    return _SECRET_QUERY.sub(lambda found: found.group(1) + mask, url)
 
 
 def redact_text(text: str) -> str:

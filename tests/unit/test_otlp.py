@@ -175,6 +175,15 @@ def test_peer_drops_userinfo_and_keeps_a_query_only_if_there_is_one():
     assert peer("http://[::1]:81/").address == "::1"
 
 
+def test_peer_redacts_signatures_in_the_query():
+    """OpenTelemetry's HTTP conventions: an Azure SAS or AWS/Google signed URL's
+    signature is REDACTED in ``url.full``; the other parameters stay."""
+    signed = "https://h/hook?sv=2024&sig=c2VjcmV0&AWSAccessKeyId=AKIA1&password=pw"
+    assert peer(signed).url == (
+        "https://h/hook?sv=2024&sig=REDACTED&AWSAccessKeyId=REDACTED&password=REDACTED"
+    )
+
+
 @pytest.mark.parametrize(("enabled", "loaded"), [(False, False), (True, True)])
 def test_opentelemetry_is_loaded_only_with_tracing_on(enabled, loaded):
     script = textwrap.dedent(

@@ -226,6 +226,15 @@ def test_an_at_after_the_host_is_refused(key: str) -> None:
         ("mailto:a@b", "mailto:a@b"),
         ("http://host/p?email=a@b", "http://host/p?email=a@b"),
         ("not a url", "not a url"),
+        # redis-py reads a password from the query too
+        ("redis://cache:6379/0?password=s3cret", "redis://cache:6379/0?password=***"),
+        ("rediss://cache/0?db=1&PASSWORD=s3&x=1", "rediss://cache/0?db=1&PASSWORD=***&x=1"),
+        ("https://h/f?sig=abc%2F&sv=2024#top", "https://h/f?sig=***&sv=2024#top"),
+        (
+            "https://h/f?X-Goog-Signature=abc&AWSAccessKeyId=k",
+            "https://h/f?X-Goog-Signature=***&AWSAccessKeyId=***",
+        ),
+        ("http://host/p?passwordless=1", "http://host/p?passwordless=1"),
     ],
 )
 def test_redact_url_examples(url: str, redacted: str) -> None:
@@ -239,3 +248,13 @@ def test_yaml_errors_keep_their_at_signs(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(str(path), {})
     assert "found character '@'" in str(info.value)
+
+
+def test_a_store_password_in_the_query_is_never_shown() -> None:
+    """redis-py reads ``?password=`` as the store's password: `check` and the store's
+    log lines quote the URL through ``redact_url``."""
+    raw = config_with("subscriber", SUBSCRIBER)
+    raw["dedupe"] = {"store": f"redis://cache:6379/0?password={MARKER}"}
+    output = shown(raw, {})
+    assert "password=***" in output
+    assert MARKER not in output
