@@ -38,6 +38,7 @@ from typing import Final
 import pycurl
 
 from dispatcher.config import TlsSettings
+from dispatcher.config.redaction import redact_text
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.loop import FAILED, READABLE, WRITABLE, Future, Loop, Timer
 from dispatcher.seams import Response
@@ -142,7 +143,9 @@ class _Transfer:
             return response
         if code == pycurl.E_OPERATION_TIMEDOUT:
             return Response(None, error="timeout", timed_out=True)
-        return Response(None, error=f"curl error {code}: {message}"[:300])
+        # curl quotes a URL it cannot use whole, proxy password included; the
+        # text goes into log lines and dead letters.
+        return Response(None, error=f"curl error {code}: {redact_text(message)}"[:300])
 
 
 def _easy_handle(endpoint: Endpoint) -> pycurl.Curl:

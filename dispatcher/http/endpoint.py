@@ -42,7 +42,10 @@ def endpoint(url: str, tls: TlsSettings, environ: Mapping[str, str], key: str) -
     http ones, else ``all_proxy``/``ALL_PROXY``; ``no_proxy``/``NO_PROXY`` lists the
     hosts reached directly (curl's matching: domain suffixes, addresses, CIDR, ``*``).
     The lower-case name wins. A proxy that is not a proxy URL is a ``ConfigError``
-    naming the variable; ``key`` names the URL's config key."""
+    naming the variable; ``key`` names the URL's config key. So is one with a
+    space, a control or a non-ASCII character (a password pasted without
+    percent-encoding): curl refuses it at every request, quoting it whole, and
+    pycurl cannot even hand it over when it is not ASCII."""
     scheme = urlsplit(url).scheme.lower()
     proxy, variable = "", ""
     for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
@@ -60,5 +63,11 @@ def endpoint(url: str, tls: TlsSettings, environ: Mapping[str, str], key: str) -
             valid = False
         if not valid:
             raise ConfigError(variable, f"must be a proxy URL for {key}, got {redact_url(proxy)!r}")
+        if not (proxy.isascii() and proxy.isprintable()) or " " in proxy:
+            raise ConfigError(
+                variable,
+                f"must be a proxy URL for {key} with its user and password percent-encoded "
+                f"(no spaces, control or non-ASCII characters), got {redact_url(proxy)!r}",
+            )
     no_proxy = (environ.get("no_proxy") or environ.get("NO_PROXY") or "").strip()
     return Endpoint(url, tls, proxy, no_proxy)

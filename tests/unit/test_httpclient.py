@@ -278,6 +278,26 @@ def test_a_proxy_password_is_never_in_the_error():
     assert "s3cret" not in str(caught.value)
 
 
+@pytest.mark.parametrize("password", ["Corp Proxy 2024", "tab\there", "ctl\x01", "Ünïcode"])
+def test_a_proxy_password_curl_cannot_use_is_refused_at_start(password):
+    """Pasted without percent-encoding: curl would refuse it at every request
+    (quoting it whole in its error), pycurl cannot hand over a non-ASCII one."""
+    with pytest.raises(ConfigError) as caught:
+        endpoint("http://x/", TlsSettings(), {"http_proxy": f"http://u:{password}@p:3128"}, "k")
+    assert caught.value.key == "http_proxy"
+    assert "percent-encoded" in str(caught.value)
+    assert password not in str(caught.value)
+
+
+def test_a_url_curl_quotes_in_its_error_is_redacted(http):
+    """What ``endpoint`` lets through must still never reach a log line whole:
+    curl's own error text quotes a proxy URL it cannot parse."""
+    refused = Endpoint("http://127.0.0.1:9/", TlsSettings(), "http://u:pa ss@127.0.0.1:9")
+    response = http(refused)
+    assert response.status is None and response.error is not None
+    assert "pa ss" not in response.error and "***" in response.error
+
+
 @pytest.fixture(scope="module")
 def tls_material(tmp_path_factory) -> Path:
     return make_tls_material(tmp_path_factory.mktemp("tls"))
