@@ -203,9 +203,22 @@ def _tracing(text: str | None) -> dict[str, Any]:
 
 
 def _with_vhost(urls: str, vhost: str) -> str:
-    """``urls`` (one URL, or a cluster's comma-separated) with ``vhost`` in each."""
+    """``urls`` (one URL, or a cluster's comma-separated) with ``vhost`` in each.
+
+    A URL with an ``@`` after what reads as its authority (a password with an
+    unencoded ``/``) is left as it is: rebuilt, it would lose the rest of the
+    password and the host, and the broker URL check, which refuses it with the
+    whole password masked, would quote the first half of the password instead."""
     path = "/" + quote(vhost, safe="")
-    return ",".join(urlunsplit(urlsplit(url)._replace(path=path)) for url in split_nodes(urls))
+    return ",".join(_one_with_vhost(url, path) for url in split_nodes(urls))
+
+
+def _one_with_vhost(url: str, path: str) -> str:
+    parts = urlsplit(url)
+    authority_end = url.find(parts.netloc) + len(parts.netloc) if parts.netloc else 0
+    if "@" in url[authority_end:]:
+        return url
+    return urlunsplit(parts._replace(path=path))
 
 
 def _pem_file(pem: str) -> str:

@@ -185,6 +185,16 @@ def test_vhost_applies_to_the_rabbitmq_url_override_too(tmp_path, monkeypatch):
     assert settings.broker.url == "amqp://u:p@other:5672/tenant"
 
 
+def test_a_password_with_an_unencoded_slash_is_never_shown_with_a_vhost(tmp_path, monkeypatch):
+    """Rebuilt with the vhost, the URL lost everything after the slash, and the
+    error quoted the first half of the password with nothing left to mask."""
+    url = "amqp://guest:Kx9s3cretPart/Tail7@127.0.0.1:5672/%2F"
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, monkeypatch, RABBIT_URL=url, RABBITMQ_VHOST="xs")
+    assert caught.value.key == "RABBIT_URL"
+    assert "Kx9s3cret" not in str(caught.value) and "Tail7" not in str(caught.value)
+
+
 def test_a_long_backoff_delay_without_retries_loads(tmp_path, monkeypatch):
     # RETRY defaults to 0; the requeue wait still uses BACKOFF_DELAY, so the cap follows it.
     [b] = load(tmp_path, monkeypatch, BACKOFF_DELAY="1m").bindings
