@@ -437,7 +437,10 @@ class BindingSettings(Section):
     parallelism: AmqpShort = Field(default=10, description="Deliveries in flight at once")
     prefetch: AmqpShort | None = Field(
         default=None,
-        description="Messages held unacked (running and waiting for a slot); unset: parallelism",
+        description="Messages held unacked (running and waiting for a slot); unset: "
+        "parallelism. For a queue with x-single-active-consumer, at least twice "
+        "parallelism: the broker feeds only a channel's first consumer, which after a "
+        "reconnect gets only the slots that deliveries still running leave free",
     )
     # With more than one message in flight a retry would overtake its successors.
     ordered: StrictBool = Field(
