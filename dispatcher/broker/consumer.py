@@ -281,8 +281,9 @@ class Consumer:
             return
         self._take(room)
 
-    def _take(self, room: int) -> None:
-        """A consumer with prefetch ``room`` on the current channel."""
+    def _take(self, room: int, probe: bool = False) -> None:
+        """A consumer with prefetch ``room`` on the current channel (``probe``: the
+        half-open breaker's, of prefetch 1)."""
         channel = self.channel
         self._prefetch += room
         self._setting_up += room
@@ -292,19 +293,21 @@ class Consumer:
         # retries included.
         channel.basic_qos(
             prefetch_count=room,
-            callback=lambda _frame: self._consume(channel, generation, room),
+            callback=lambda _frame: self._consume(channel, generation, room, probe),
         )
 
-    def _consume(self, channel: Any, generation: int, room: int) -> None:
+    def _consume(self, channel: Any, generation: int, room: int, probe: bool) -> None:
         if self._shared.stopping() or generation != self.generation:
             return  # shutdown, or the channel went while this consumer was being set up
         channel.basic_consume(
             self.settings.queue,
             on_message_callback=partial(self._on_message, generation),
-            callback=lambda frame: self._on_consuming(generation, frame.method.consumer_tag, room),
+            callback=lambda frame: self._on_consuming(
+                generation, frame.method.consumer_tag, room, probe
+            ),
         )
 
-    def _on_consuming(self, generation: int, tag: str, room: int) -> None:
+    def _on_consuming(self, generation: int, tag: str, room: int, probe: bool) -> None:
         if generation != self.generation:
             return
         self._setting_up -= room
@@ -323,6 +326,9 @@ class Consumer:
             prefetch=room,  # this consumer's; the channel's consumers hold channel_prefetch
             channel_prefetch=self._prefetch,
         )
+        if probe and not self._paused():
+            # Another delivery's probe closed the breaker while this one was set up.
+            self._replace_probe_consumer()
 
     def cancel(self) -> None:
         """Stop consuming (shutdown): no new message arrives on this channel, and
@@ -494,13 +500,13 @@ class Consumer:
         self._cancel(tags)
 
     def _replace_probe_consumer(self) -> None:
-        """Closed by its probe: the only consumer is the probe's, of prefetch 1.
-        Joined by another, it would stay the queue's first consumer, and on a
-        queue with ``x-single-active-consumer`` the broker feeds the first only:
-        the binding would run one delivery at a time until the next rebuild. So
-        it is cancelled (it holds the probe, unsettled yet: nothing can be on
-        its way to it) and, once the broker has answered, ``fill`` starts one
-        with all the room. Readiness stays up meanwhile."""
+        """Closed by a probe: the consumer is the probe's, of prefetch 1. Joined
+        by another, it would stay the queue's first consumer, and on a queue
+        with ``x-single-active-consumer`` the broker feeds the first only: the
+        binding would run one delivery at a time until the next rebuild. So the
+        channel's consumers are cancelled (the probe's holds its probe, unsettled
+        yet: nothing can be on its way to it) and, once the broker has answered,
+        ``fill`` starts one with all the room. Readiness stays up meanwhile."""
         tags, self.consumer_tags = self.consumer_tags, []
         self._replacing = True
         self._cancel(tags)
@@ -553,7 +559,7 @@ class Consumer:
             and not self._prefetch
             and self._held < self.settings.effective_prefetch
         ):
-            self._take(1)
+            self._take(1, probe=True)
 
     def _count_stale(self) -> None:
         self._shared.metrics.stale_acks.labels(self.name).inc()
