@@ -161,7 +161,7 @@ class ConfirmLink(Generic[T]):
                 on_close_callback=partial(self._on_connection_closed, node=node),
             )
         except Exception as e:  # nothing is open yet: end it on the next iteration
-            self.last_error = f"{type(e).__name__}: {e}"
+            self.last_error = describe_error(e)
             loop.call_soon(self._end)
             return
         self._connection = connection
@@ -275,7 +275,8 @@ class ConfirmLink(Generic[T]):
         self._open_channel(connection)
 
     def _on_open_error(self, connection: Any, error: BaseException | str, node: Node) -> None:
-        self.last_error = f"cannot connect: {error}"
+        # pika's wrappers have empty messages: the innermost error says why.
+        self.last_error = f"cannot connect: {describe_error(error)}"
         if self._role is not None:
             log.warning(
                 f"{self._role} connect failed", node=node.label, error=describe_error(error)
@@ -284,7 +285,7 @@ class ConfirmLink(Generic[T]):
 
     def _on_connection_closed(self, connection: Any, reason: BaseException, node: Node) -> None:
         if not self._closed_by_us:
-            self.last_error = f"connection lost: {reason}"
+            self.last_error = f"connection lost: {describe_error(reason)}"
         if self._role is not None and not self.stopping:
             log.info(
                 f"{self._role} connection closed",
