@@ -104,9 +104,10 @@ class Counts:
 # --------------------------------------------------------------------- command
 
 
-def command(args: argparse.Namespace, broker: BrokerSettings, _stop: threading.Event) -> str:
+def command(args: argparse.Namespace, broker: BrokerSettings, stop: threading.Event) -> str:
     """``dispatcher replay`` inside the commands' frame (``dispatcher.cli``): the summary.
-    A signal cancels the Spark job (the frame does); ``_stop`` is not polled here."""
+    A signal cancels the Spark job (the frame does); ``stop`` is looked at once more
+    before the publishing starts, and says why the job ended."""
     spark_session.require_pyspark()
     options = _options(args)
     files = inputs.local_files([options.archive], ARCHIVE_NAMES)
@@ -114,9 +115,9 @@ def command(args: argparse.Namespace, broker: BrokerSettings, _stop: threading.E
     check_exchange(broker, options.exchange)
     with spark_session.session("replay") as spark:
         try:
-            counts = _replay_showing_progress(spark, broker, options)
+            counts = _replay_counting_published(spark, broker, options, stop)
         except Exception:
-            if not _stop.is_set():  # a signal's cancel is the frame's to say
+            if not stop.is_set():  # a signal's cancel is the frame's to say
                 inputs.refuse_broken_gzip("--archive", files)
             raise
     line = _summary_line(counts, options)
@@ -125,31 +126,52 @@ def command(args: argparse.Namespace, broker: BrokerSettings, _stop: threading.E
     return line
 
 
-def _replay_showing_progress(
-    spark: SparkSession, broker: BrokerSettings, options: ReplayOptions
+def _replay_counting_published(
+    spark: SparkSession, broker: BrokerSettings, options: ReplayOptions, stop: threading.Event
 ) -> Counts:
-    """``replay`` with its progress on a terminal: megabytes read, then events
-    published (the partitions' publishers report their counts to the driver)."""
+    """``replay`` with the partitions' publishers reporting their confirmed counts to
+    the driver: shown on a terminal (megabytes read, then events published), and
+    said when a signal stops the job, whose results never come back."""
     shown = progress.Progress()
-    if not shown.enabled:
-        return replay(spark, broker, options)
-    read = progress.SparkBytesRead(spark)
     host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
     published: progress.PublishedCounts | None = None
-    with contextlib.suppress(OSError):  # no socket for it here: megabytes read alone
+    with contextlib.suppress(OSError):  # no socket for it here: no counts on the way
         published = progress.PublishedCounts(host)
+    read = progress.SparkBytesRead(spark) if shown.enabled else None
 
     def now() -> tuple[float, str, str]:
         total = 0 if published is None else published.total()
-        return (total, "events", "published") if total else read()
+        return (total, "events", "published") if total or read is None else read()
 
     try:
         with shown.polling(now):
             address = None if published is None else published.address
-            return replay(spark, broker, options, progress_to=address)
+            return replay(spark, broker, options, progress_to=address, stop=stop)
+    except Exception as e:
+        if stop.is_set():
+            raise BatchFailed(_stopped(e, published)) from e
+        raise
     finally:
         if published is not None:
             published.close()
+
+
+class _StoppedBeforePublishing(Exception):
+    pass
+
+
+def _stopped(error: Exception, published: progress.PublishedCounts | None) -> str:
+    """What a signal's stop left behind: the partitions report every fraction of a
+    second and a cancelled one sends no last report, so a count is a lower bound."""
+    said = "replay stopped by a signal before it finished"
+    if isinstance(error, _StoppedBeforePublishing):
+        return f"{said}: nothing was published"
+    if published is None:
+        return f"{said}: some events may have been published (a new run publishes them again)"
+    return (
+        f"{said}: at least {published.total():,} events were published (confirmed by the "
+        "broker) before the stop; a new run publishes them again"
+    )
 
 
 def _options(args: argparse.Namespace) -> ReplayOptions:
@@ -227,37 +249,75 @@ def replay(
     broker: BrokerSettings,
     options: ReplayOptions,
     progress_to: tuple[str, int] | None = None,
+    stop: threading.Event | None = None,
 ) -> Counts:
     """The job; ``progress_to``: where the partitions send their published counts
-    (``progress.PublishedCounts``), when the driver shows progress."""
+    (``progress.PublishedCounts``); ``stop``: set by a signal, whose cancel of a
+    Spark job that ends within one of its polls could be missed; nothing is
+    published once it is set."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     started = time.monotonic()
     out = Path(options.out)
     shutil.rmtree(out / "failed", ignore_errors=True)  # a previous run's, now stale
-    parsed = parse(spark, options.archive).persist(StorageLevel.MEMORY_AND_DISK)
+    with _nothing_published_yet(stop):
+        parsed = parse(spark, options.archive).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        counts = Counts()
-        good = F.col("reason").isNull()
-        selected = good & _selection(options)
-        totals = parsed.agg(
-            F.count(F.lit(1)).alias("lines"),
-            F.sum(F.when(~good, 1).otherwise(0)).alias("malformed"),
-            F.sum(F.when(good & ~selected, 1).otherwise(0)).alias("filtered_out"),
-        ).first()
-        assert totals is not None
-        counts.lines = int(totals["lines"])
-        counts.malformed = int(totals["malformed"] or 0)
-        counts.filtered_out = int(totals["filtered_out"] or 0)
-        parsed.where(~good).select("file", "line", "reason").write.mode("overwrite").json(
-            str(out / "rejects")
-        )
-        chosen = parsed.where(selected).dropDuplicates(["source", "id"])
-        partitions = options.partitions or spark.sparkContext.defaultParallelism
+        with _nothing_published_yet(stop):
+            counts, chosen, partitions = _tally(spark, parsed, options, out)
         results = publish(chosen, partitions, broker, options, progress_to)
     finally:
         parsed.unpersist()
+    _settle(counts, results, partitions)
+    counts.seconds = round(time.monotonic() - started, 3)
+    _write_failed(out / "failed", results)
+    _write_counts(out / "counts.json", counts)
+    return counts
+
+
+@contextlib.contextmanager
+def _nothing_published_yet(stop: threading.Event | None) -> Iterator[None]:
+    """A stage before the publishing: what fails while a signal's ``stop`` is set
+    failed because the signal cancelled it, and a stage that ends after the signal
+    leaves the publishing unstarted (``_StoppedBeforePublishing`` either way)."""
+    try:
+        yield
+    except Exception as e:
+        if stop is not None and stop.is_set():
+            raise _StoppedBeforePublishing from e
+        raise
+    if stop is not None and stop.is_set():
+        raise _StoppedBeforePublishing
+
+
+def _tally(
+    spark: SparkSession, parsed: DataFrame, options: ReplayOptions, out: Path
+) -> tuple[Counts, DataFrame, int]:
+    """The counts known before publishing, the rejects written, and what is to be
+    published over how many partitions."""
+    from pyspark.sql import functions as F
+
+    counts = Counts()
+    good = F.col("reason").isNull()
+    selected = good & _selection(options)
+    totals = parsed.agg(
+        F.count(F.lit(1)).alias("lines"),
+        F.sum(F.when(~good, 1).otherwise(0)).alias("malformed"),
+        F.sum(F.when(good & ~selected, 1).otherwise(0)).alias("filtered_out"),
+    ).first()
+    assert totals is not None
+    counts.lines = int(totals["lines"])
+    counts.malformed = int(totals["malformed"] or 0)
+    counts.filtered_out = int(totals["filtered_out"] or 0)
+    parsed.where(~good).select("file", "line", "reason").write.mode("overwrite").json(
+        str(out / "rejects")
+    )
+    chosen = parsed.where(selected).dropDuplicates(["source", "id"])
+    return counts, chosen, options.partitions or spark.sparkContext.defaultParallelism
+
+
+def _settle(counts: Counts, results: list[PublishResult], partitions: int) -> None:
+    """The partitions' results added to ``counts``."""
     selected_count = sum(r.published + r.failed for r in results)
     counts.skipped_duplicate = counts.lines - counts.malformed - counts.filtered_out
     counts.skipped_duplicate -= selected_count
@@ -271,10 +331,6 @@ def replay(
     for result in results:
         reasons.update(result.reasons)
     counts.failure_reasons = dict(reasons.most_common())
-    counts.seconds = round(time.monotonic() - started, 3)
-    _write_failed(out / "failed", results)
-    _write_counts(out / "counts.json", counts)
-    return counts
 
 
 def parse(spark: SparkSession, archive: str) -> DataFrame:

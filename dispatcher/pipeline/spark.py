@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from dispatcher.errors import BatchInputError
 
@@ -63,17 +64,35 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+# The contexts ``session`` handed out and has not stopped: what a signal cancels.
+# Never PySpark's own active context, which it registers before the JVM side
+# exists (a cancel then raised and was never tried again: a signal during
+# start-up was lost) and still names while ``stop`` runs (a cancel then
+# printed the JVM's IllegalStateException). Under the lock, a cancel and a
+# stop never overlap.
+_LIVE: list[Any] = []
+_LIVE_LOCK: Final = threading.Lock()
+
+
 def cancel_all_jobs() -> None:
     """Cancel whatever Spark runs in this process, so the job's call returns (with an
     error): what the first SIGTERM/SIGINT does to ``report`` and ``replay``. Safe to
-    call from any thread, and when there is no Spark at all."""
+    call from any thread, at any time: before a session is up or after it stopped
+    it cancels nothing (the caller calls again until the command returns)."""
+    with _LIVE_LOCK:
+        for context in _LIVE:
+            context.cancelAllJobs()
+
+
+@contextmanager
+def _cancellable(context: Any) -> Iterator[None]:
+    with _LIVE_LOCK:
+        _LIVE.append(context)
     try:
-        from pyspark import SparkContext
-    except ImportError:
-        return
-    context = SparkContext._active_spark_context
-    if context is not None:
-        context.cancelAllJobs()
+        yield
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.remove(context)
 
 
 @contextmanager
@@ -84,7 +103,8 @@ def session(app_name: str) -> Iterator[SparkSession]:
 
     active = SparkSession.getActiveSession()
     if active is not None:  # a test's fixture, or an embedding application
-        yield active
+        with _cancellable(active.sparkContext):
+            yield active
         return
     builder = SparkSession.builder.appName(f"dispatcher-{app_name}")
     if not submitted():
@@ -102,6 +122,7 @@ def session(app_name: str) -> Iterator[SparkSession]:
         if not given.contains(key):
             spark.conf.set(key, value)
     try:
-        yield spark
+        with _cancellable(spark.sparkContext):
+            yield spark
     finally:
         spark.stop()
