@@ -311,11 +311,19 @@ class Consumer:
         if generation != self.generation:
             return
         self._setting_up -= room
-        self._replacing = False
         self.consumer_tags.append(tag)
         if self._breaker is not None and self._breaker.state is CircuitState.OPEN:
             self._pause()  # it opened while this consumer was being set up
             return
+        if self._cancelling:
+            # Set up before this round of cancels began (``fill`` takes none during
+            # one), answered during it: it goes with the others. The round's end
+            # counts no prefetch but what is still being set up, so kept, its
+            # prefetch would be counted nowhere and the next consumer's added to it.
+            self.consumer_tags.remove(tag)
+            self._cancel([tag])
+            return
+        self._replacing = False
         if not self._stream:  # a stream's rebuilds back off up to the most
             self._failures = 0
         self._shared.metrics.consumer_up.labels(self.name).set(1)
