@@ -4,17 +4,15 @@ tests, which read the summary alone)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from dispatcher.events import Event
-from dispatcher.pipeline import records
 from dispatcher.pipeline.progress import ERASE
 from tests.support import broker, delivery_logs
+from tests.support.archives import plain_archive
 from tests.support.process import child_env
 from tests.support.terminal import run_on_terminal
 
@@ -47,14 +45,7 @@ def test_report_shows_the_megabytes_spark_has_read(tmp_path: Path) -> None:
 
 @pytest.mark.broker
 def test_replay_shows_the_events_its_partitions_have_published(tmp_path: Path) -> None:
-    day = tmp_path / "archive" / "date=2026-11-20"
-    day.mkdir(parents=True)
-    archived = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
-    made = [
-        Event({"specversion": "1.0", "id": f"p-{i}", "source": "/p", "type": "t"}, b"{}")
-        for i in range(2000)
-    ]
-    (day / "part-0.jsonl").write_bytes(b"\n".join(records.to_line(e, archived) for e in made))
+    plain_archive(tmp_path / "archive", 2000, "p")
     queue = broker.unique("progress")
     with broker.channel() as ch:
         ch.queue_declare(queue, durable=True)

@@ -7,19 +7,18 @@ session of its own, to the shared broker's default exchange and a fresh queue.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dispatcher.events import Event
-from dispatcher.pipeline import records
 from tests.support import broker
+from tests.support.archives import plain_archive
 from tests.support.broker import wait_until
 from tests.support.process import child_env
 
@@ -29,19 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EVENTS = 2000
 
 
-def _archive(folder: Path) -> None:
-    day = folder / "date=2026-11-20"
-    day.mkdir(parents=True)
-    archived = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
-    made = [
-        Event({"specversion": "1.0", "id": f"s-{i}", "source": "/s", "type": "t"}, b"{}")
-        for i in range(EVENTS)
-    ]
-    (day / "part-0.jsonl").write_bytes(b"\n".join(records.to_line(e, archived) for e in made))
-
-
 def _start_replay(tmp_path: Path, queue: str, *options: str) -> subprocess.Popen[bytes]:
-    _archive(tmp_path / "archive")
+    plain_archive(tmp_path / "archive", EVENTS, "s")
     return subprocess.Popen(
         [sys.executable, "-m", "dispatcher", "replay", "--archive", str(tmp_path / "archive"),
          "--exchange", "", "--routing-key", queue, "--out", str(tmp_path / "out"), *options],
@@ -50,6 +38,19 @@ def _start_replay(tmp_path: Path, queue: str, *options: str) -> subprocess.Popen
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )  # fmt: skip
+
+
+def _terminated_once(
+    process: subprocess.Popen[bytes], ready: Callable[[], object], what: str
+) -> tuple[bytes, str]:
+    """One SIGTERM once ``ready()``; the process's stdout and stderr when it has exited."""
+    try:
+        wait_until(ready, 120, what)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=240)
+    finally:
+        process.kill()
+    return out, err.decode()
 
 
 def _spark_jvm_started(pid: int) -> bool:
@@ -84,17 +85,11 @@ def test_a_signal_while_spark_starts_stops_it_before_anything_is_published(
     cancel then raised, was never tried again, and the replay published every
     event and exited 0."""
     process = _start_replay(tmp_path, queue)
-    try:
-        wait_until(
-            lambda: _spark_jvm_started(process.pid) or process.poll() is not None,
-            60,
-            "Spark's JVM to be launched",
-        )
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=240)
-    finally:
-        process.kill()
-    text = err.decode()
+    out, text = _terminated_once(
+        process,
+        lambda: _spark_jvm_started(process.pid) or process.poll() is not None,
+        "Spark's JVM to be launched",
+    )
     assert process.returncode == 1, text[-3000:]
     assert "replay stopped by a signal before it finished: nothing was published" in text
     assert "could not ask" not in text and "Exception" not in text, text[-3000:]
@@ -107,13 +102,9 @@ def test_a_signal_while_publishing_says_how_many_were_published(tmp_path: Path, 
     at least went out (the partitions' confirmed counts as last reported), never
     more than did, and no second line says the stop failed."""
     process = _start_replay(tmp_path, queue, "--rate", "200")  # ten seconds of publishing
-    try:
-        wait_until(lambda: broker.queue_depth(queue) >= 100, 120, "publishing under way")
-        process.send_signal(signal.SIGTERM)
-        _out, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    text = err.decode()
+    _out, text = _terminated_once(
+        process, lambda: broker.queue_depth(queue) >= 100, "publishing under way"
+    )
     assert process.returncode == 1, text[-3000:]
     said = re.search(r"stopped by a signal before it finished: at least ([0-9,]+) events", text)
     assert said is not None, text[-3000:]
