@@ -3,17 +3,23 @@
 The job, stage by stage:
 
 1. read every ``*.jsonl`` and ``*.jsonl.gz`` below ``--archive`` (hidden
-   files, such as an interrupted archiver's temp files, are skipped);
-2. parse each line in Python (``records.from_line``, the same validation as
-   the service); a bad line becomes a reject with its reason and never stops
-   the job;
-3. filter by ``--type``, ``--source``, ``--since`` (inclusive) and ``--until``
-   (exclusive), compared as instants (``records.instant``);
-4. keep one record per (source, id): the archive holds an event twice when
-   an archiver was interrupted between its rename and its acks;
-5. publish, per partition, with one long-lived connection and a pipelined
+   files, such as an interrupted archiver's temp files, are skipped) with
+   Spark's JSON reader, taking only what selection and dedupe need (``read``);
+   a line with no source or id is a reject with the service's reason for it
+   and never stops the job;
+2. filter by ``--type``, ``--source``, ``--since`` (inclusive) and ``--until``
+   (exclusive), compared as instants (``records.instant``'s rule, in SQL);
+3. one shuffle, by (source, id) into the publishing partitions, gathers the
+   copies of each event (the archive holds an event twice when an archiver was
+   interrupted between its rename and its acks);
+4. publish, per partition, with one long-lived connection and a pipelined
    confirm channel (``confirms.ConfirmedPublisher``), ordered by instant
-   within the partition, at ``--rate`` / partitions each.
+   within the partition, at ``--rate`` / partitions each. Here, and only here,
+   Python reads a line whole, with the service's validation (``records.from_line``):
+   the first valid copy is published, a later valid one is a duplicate, an
+   invalid one a reject. So a line outside the selection is read only as far
+   as the selection needs: it counts as filtered out even if it would not
+   have passed.
 
 The publish stage is the one action with side effects and runs once: its
 results come back with ``collect()``, never recomputed. The exchange must
@@ -45,7 +51,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from dispatcher import amqp_binding
 from dispatcher.broker.params import connect_blocking, describe_error, nodes, redacted_urls
@@ -61,11 +67,15 @@ if TYPE_CHECKING:
 
 ARCHIVE_FILES: Final = "*.{jsonl,jsonl.gz}"
 ARCHIVE_NAMES: Final = ("*.jsonl", "*.jsonl.gz")  # the same, as fnmatch reads names
-# Columns of a parsed line (a DDL schema); a reject has only file, line and reason.
-PARSED_SCHEMA: Final = (
-    "source STRING, id STRING, type STRING, instant_us BIGINT, headers STRING, "
-    "content_type STRING, body BINARY, archived STRING, file STRING, line STRING, reason STRING"
+# What Spark's JSON reader takes from each line: what selection and dedupe need.
+SELECTION_SCHEMA: Final = (
+    f"source STRING, id STRING, type STRING, time STRING, {records.ARCHIVED} STRING"
 )
+REJECT_SCHEMA: Final = "file STRING, line STRING, reason STRING"
+# The RFC 3339 form Spark and ``records.instant`` (dateutil's isoparse) read alike,
+# after upper-casing. Other texts isoparse reads (``+0100``, week dates, ``T24:00``,
+# an offset past Spark's 18 hours) are left to Python, at publish.
+_RFC3339: Final = r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,19 +268,19 @@ def replay(
     from pyspark import StorageLevel
 
     started = time.monotonic()
-    out = Path(options.out)
+    out = Path(options.out).resolve()  # the partitions write rejects there, wherever they run
     shutil.rmtree(out / "failed", ignore_errors=True)  # a previous run's, now stale
     with _nothing_published_yet(stop):
-        parsed = parse(spark, options.archive).persist(StorageLevel.MEMORY_AND_DISK)
+        lines = read(spark, options.archive).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with _nothing_published_yet(stop):
-            counts, chosen, partitions = _tally(spark, parsed, options, out)
-        results = publish(chosen, partitions, broker, options, progress_to)
+            counts, chosen, partitions = _tally(spark, lines, options, out)
+        results = publish(chosen, partitions, broker, options, progress_to, out / "rejects")
     finally:
-        parsed.unpersist()
+        lines.unpersist()
     _settle(counts, results, partitions)
     counts.seconds = round(time.monotonic() - started, 3)
-    _write_failed(out / "failed", results)
+    _write_failed(out / "failed", [r.published for r in results])
     _write_counts(out / "counts.json", counts)
     return counts
 
@@ -290,90 +300,110 @@ def _nothing_published_yet(stop: threading.Event | None) -> Iterator[None]:
         raise _StoppedBeforePublishing
 
 
+def read(spark: SparkSession, archive: str) -> DataFrame:
+    """Every archive line (``file``, ``value``) with what the selection and the
+    dedupe need, read by Spark's JSON reader: ``source``, ``id``, ``type``, the
+    instant in microseconds (``records.instant``'s rule: ``time``, else the archive
+    time), ``deferred`` when that rule needs Python to place it (a time in a form
+    Spark does not read as isoparse does), and ``readable`` (it has a source and an
+    id). No Python runs here: the rest of a line is read, with the service's own
+    validation, only where it is about to be published."""
+    from pyspark.sql import functions as F
+
+    fields = F.from_json("value", SELECTION_SCHEMA)
+    given = F.coalesce(F.col("f.time"), F.col(f"f.{records.ARCHIVED}"))
+    return (
+        spark.read.option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", ARCHIVE_FILES)
+        .text(archive)
+        .select(F.input_file_name().alias("file"), "value", fields.alias("f"))
+        .select(
+            "file",
+            "value",
+            "f.source",
+            "f.id",
+            "f.type",
+            _micros(given).alias("instant_us"),
+            (given.isNotNull() & _micros(given).isNull()).alias("deferred"),
+            (F.col("f.source").isNotNull() & F.col("f.id").isNotNull()).alias("readable"),
+        )
+    )
+
+
+def _micros(given: Any) -> Any:
+    """An RFC 3339 time as microseconds since the epoch; null for any other text."""
+    from pyspark.sql import functions as F
+
+    text = F.upper(given)  # RFC 3339 allows "t" and "z"; Spark reads the capitals
+    return F.when(text.rlike(_RFC3339), F.unix_micros(F.try_to_timestamp(text)))
+
+
 def _tally(
-    spark: SparkSession, parsed: DataFrame, options: ReplayOptions, out: Path
+    spark: SparkSession, lines: DataFrame, options: ReplayOptions, out: Path
 ) -> tuple[Counts, DataFrame, int]:
-    """The counts known before publishing, the rejects written, and what is to be
-    published over how many partitions."""
+    """The counts known before publishing, the unreadable lines' rejects written, and
+    the selected events (a row per (source, id) with every copy) over how many
+    partitions."""
     from pyspark.sql import functions as F
 
     counts = Counts()
-    good = F.col("reason").isNull()
-    selected = good & _selection(options)
-    totals = parsed.agg(
+    readable = F.col("readable")
+    selected = readable & _selection(options)
+    totals = lines.agg(
         F.count(F.lit(1)).alias("lines"),
-        F.sum(F.when(~good, 1).otherwise(0)).alias("malformed"),
-        F.sum(F.when(good & ~selected, 1).otherwise(0)).alias("filtered_out"),
+        F.sum(F.when(~readable, 1).otherwise(0)).alias("malformed"),
+        F.sum(F.when(readable & ~selected, 1).otherwise(0)).alias("filtered_out"),
     ).first()
     assert totals is not None
     counts.lines = int(totals["lines"])
     counts.malformed = int(totals["malformed"] or 0)
     counts.filtered_out = int(totals["filtered_out"] or 0)
-    parsed.where(~good).select("file", "line", "reason").write.mode("overwrite").json(
+    unreadable = lines.where(~readable).select("file", "value").rdd.map(_unreadable)
+    spark.createDataFrame(unreadable, REJECT_SCHEMA).write.mode("overwrite").json(
         str(out / "rejects")
     )
-    chosen = parsed.where(selected).dropDuplicates(["source", "id"])
-    return counts, chosen, options.partitions or spark.sparkContext.defaultParallelism
+    partitions = options.partitions or spark.sparkContext.defaultParallelism
+    # The one shuffle: by (source, id) into the publishing partitions, so that the
+    # grouping of an event's copies needs no other (the plan has one Exchange).
+    chosen = (
+        lines.where(selected)
+        .repartition(partitions, "source", "id")
+        .groupBy("source", "id")
+        .agg(
+            F.min("instant_us").alias("instant_us"),
+            F.sort_array(F.collect_list(F.struct("file", "value", "deferred"))).alias("copies"),
+        )
+        .sortWithinPartitions("instant_us", "source", "id")
+    )
+    return counts, chosen, partitions
 
 
-def _settle(counts: Counts, results: list[PublishResult], partitions: int) -> None:
+def _unreadable(row: Any) -> tuple[str, str, str]:
+    """Runs on executors, for the lines Spark's reader found no (source, id) in:
+    the reject with the service's reason for it."""
+    try:
+        records.from_line(row["value"])
+    except EventError as e:
+        return row["file"], row["value"], e.reason
+    # Python reads it and Spark's JSON reader does not (Jackson and Python's json
+    # disagree at some edge): refused rather than guessed at.
+    return row["file"], row["value"], "Spark's JSON reader finds no source or id in it"
+
+
+def _settle(counts: Counts, results: list[PartitionResult], partitions: int) -> None:
     """The partitions' results added to ``counts``."""
-    selected_count = sum(r.published + r.failed for r in results)
-    counts.skipped_duplicate = counts.lines - counts.malformed - counts.filtered_out
-    counts.skipped_duplicate -= selected_count
     counts.partitions = partitions
-    for result in results:
-        counts.published += result.published
-        counts.failed += result.failed
-        counts.resent += result.resent
-        counts.connections += result.connections
     reasons: Counter[str] = Counter()
     for result in results:
-        reasons.update(result.reasons)
+        counts.malformed += result.rejected
+        counts.skipped_duplicate += result.duplicates
+        counts.filtered_out += result.filtered_out
+        counts.published += result.published.published
+        counts.failed += result.published.failed
+        counts.resent += result.published.resent
+        counts.connections += result.published.connections
+        reasons.update(result.published.reasons)
     counts.failure_reasons = dict(reasons.most_common())
-
-
-def parse(spark: SparkSession, archive: str) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    lines = (
-        spark.read.option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", ARCHIVE_FILES)
-        .text(archive)
-        .select(F.input_file_name().alias("file"), "value")
-    )
-    return spark.createDataFrame(lines.rdd.mapPartitions(parse_lines), PARSED_SCHEMA)
-
-
-def parse_lines(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-    """Runs on executors: each (file, value) row becomes a parsed record or a reject."""
-    for row in rows:
-        file, line = row[0], row[1]
-        try:
-            event = records.from_line(line)
-        except EventError as e:
-            yield (None, None, None, None, None, None, None, None, file, line, e.reason)
-            continue
-        when = records.instant(event)
-        replayed = records.for_replay(event)
-        headers, content_type = amqp_binding.to_amqp_headers(replayed)
-        yield (
-            event.source,
-            event.id,
-            event.type,
-            None if when is None else _micros(when),
-            json.dumps(headers, ensure_ascii=False),
-            content_type,
-            replayed.data or b"",
-            event.attributes.get(records.ARCHIVED),
-            None,
-            None,
-            None,
-        )
-
-
-def _micros(when: dt.datetime) -> int:
-    return (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
 
 
 def _selection(options: ReplayOptions) -> Any:
@@ -384,12 +414,31 @@ def _selection(options: ReplayOptions) -> Any:
         condition = condition & (F.col("type") == options.type)
     if options.source is not None:
         condition = condition & (F.col("source") == options.source)
-    # An event with no instant at all cannot be placed in a time range.
-    if options.since is not None:
-        condition = condition & (F.col("instant_us") >= _micros(options.since))
-    if options.until is not None:
-        condition = condition & (F.col("instant_us") < _micros(options.until))
+    # An event with no instant at all cannot be placed in a time range; one that
+    # Python places is in the selection until Python has (``_Copies``).
+    since, until = _epoch_micros(options.since), _epoch_micros(options.until)
+    if since is not None:
+        condition = condition & (F.col("deferred") | (F.col("instant_us") >= since))
+    if until is not None:
+        condition = condition & (F.col("deferred") | (F.col("instant_us") < until))
     return F.coalesce(condition, F.lit(False))
+
+
+def _epoch_micros(when: dt.datetime | None) -> int | None:
+    if when is None:
+        return None
+    return (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """What one partition did: its publisher's result, and what its reading of the
+    copies found besides the events it published."""
+
+    published: PublishResult
+    duplicates: int
+    rejected: int
+    filtered_out: int
 
 
 def publish(
@@ -398,40 +447,104 @@ def publish(
     broker: BrokerSettings,
     options: ReplayOptions,
     progress_to: tuple[str, int] | None = None,
-) -> list[PublishResult]:
+    rejects: Path | None = None,
+) -> list[PartitionResult]:
     exchange, routing_key = options.exchange, options.routing_key
     rate = options.rate / partitions if options.rate else None
 
-    def publish_partition(index: int, rows: Iterable[Any]) -> Iterator[PublishResult]:
+    def publish_partition(index: int, rows: Iterable[Any]) -> Iterator[PartitionResult]:
         # Runs on an executor: one connection at a time for the whole partition.
         candidates = [node.parameters for node in nodes(broker, f"replay-{index}")]
         sender = None if progress_to is None else progress.PublishedSender(progress_to, index)
         publisher = None
+        copies = _Copies(
+            None if rejects is None else rejects / f"part-{index:05d}-replay.json",
+            options.since,
+            options.until,
+        )
         try:
             publisher = ConfirmedPublisher(
                 candidates, exchange, routing_key, rate=rate, on_progress=sender
             )
-            result = publisher.publish(_outgoing(row) for row in rows)
+            result = publisher.publish(copies.outgoing(rows))
         finally:
+            copies.close()
             if sender is not None:  # the last count, and the socket released on every path
                 sender.close(0 if publisher is None else publisher.result.published)
-        yield result
+        yield PartitionResult(result, copies.duplicates, copies.rejected, copies.filtered_out)
 
-    ordered = (
-        chosen.select("source", "id", "instant_us", "headers", "content_type", "body", "archived")
-        .repartition(partitions)
-        .sortWithinPartitions("instant_us", "source", "id")
-    )
-    return ordered.rdd.mapPartitionsWithIndex(publish_partition).collect()
+    return chosen.rdd.mapPartitionsWithIndex(publish_partition).collect()
 
 
-def _outgoing(row: Any) -> Outgoing:
+class _Copies:
+    """A partition's reading of its events' copies, in Python, with the service's
+    validation: the first valid copy of each (source, id) is published, a valid
+    later one is a duplicate and an invalid one a reject, written to ``rejects``
+    (so a corrupt copy never stands in for a good one). A copy whose instant only
+    Python can place (``deferred``) is placed here, in ``since``..``until``."""
+
+    def __init__(
+        self, rejects: Path | None, since: dt.datetime | None, until: dt.datetime | None
+    ) -> None:
+        self._path = rejects
+        self._stream: IO[bytes] | None = None
+        self._since = since
+        self._until = until
+        self.duplicates = 0
+        self.rejected = 0
+        self.filtered_out = 0
+
+    def outgoing(self, rows: Iterable[Any]) -> Iterator[Outgoing]:
+        for row in rows:
+            published = False
+            for copy in row["copies"]:
+                try:
+                    event = records.from_line(copy["value"])
+                except EventError as e:
+                    self._reject(copy["file"], copy["value"], e.reason)
+                    continue
+                if copy["deferred"] and not self._in_window(event):
+                    self.filtered_out += 1
+                elif published:
+                    self.duplicates += 1
+                else:
+                    published = True
+                    yield _outgoing(event)
+
+    def _in_window(self, event: Event) -> bool:
+        if self._since is None and self._until is None:
+            return True
+        when = records.instant(event)
+        if when is None:
+            return False
+        return (self._since is None or when >= self._since) and (
+            self._until is None or when < self._until
+        )
+
+    def _reject(self, file: str, line: str, reason: str) -> None:
+        self.rejected += 1
+        if self._path is None:
+            return
+        if self._stream is None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._stream = self._path.open("wb")
+        document = {"file": file, "line": line, "reason": reason}  # as Spark writes the rest
+        self._stream.write(json.dumps(document, ensure_ascii=False).encode() + b"\n")
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+
+
+def _outgoing(event: Event) -> Outgoing:
+    replayed = records.for_replay(event)
+    headers, content_type = amqp_binding.to_amqp_headers(replayed)
     return Outgoing(
-        key=(row["source"], row["id"]),
-        body=bytes(row["body"]),
-        headers=json.loads(row["headers"]),
-        content_type=row["content_type"],
-        archived=row["archived"],
+        key=(event.source, event.id),
+        body=replayed.data or b"",
+        headers=headers,
+        content_type=content_type,
+        archived=event.attributes.get(records.ARCHIVED),
     )
 
 

@@ -309,3 +309,113 @@ def test_a_broken_gzip_file_is_exit_2_naming_it_and_nothing_is_published(
     assert code == 2
     assert f"--archive: cannot read {day / 'part-b.jsonl.gz'} (Not a gzipped file" in err
     assert received(queue) == []
+
+
+def test_a_corrupt_copy_of_a_duplicated_event_never_stands_in_for_it(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    # The copies of an event meet in one partition, in file order: the corrupt
+    # copy (same source and id, data the service refuses) comes first.
+    exchange, queue = target
+    event = make_events(1)[0]
+    good = records.to_line(event, ARCHIVED_AT)
+    corrupt = json.dumps({**event.attributes, "data_base64": "***"}).encode()
+    day = tmp_path / "archive" / "date=2026-11-20"
+    day.mkdir(parents=True)
+    (day / "part-a.jsonl").write_bytes(corrupt + b"\n")
+    (day / "part-b.jsonl").write_bytes(good + b"\n" + good + b"\n")
+    code, _out, err = replay_folder(tmp_path, exchange, capsys)
+    assert code == 0, err
+    got = received(queue)
+    assert [e for e, _ in got] == [event]
+    counts = json.loads((tmp_path / "out" / "counts.json").read_text())
+    assert (counts["published"], counts["skipped_duplicate"], counts["malformed"]) == (1, 1, 1)
+    rejects = [
+        json.loads(line)
+        for path in (tmp_path / "out" / "rejects").glob("*.json")
+        for line in path.read_text().splitlines()
+    ]
+    assert [(r["line"], r["file"].endswith("part-a.jsonl")) for r in rejects] == [
+        (corrupt.decode(), True)
+    ]
+    assert "base64" in rejects[0]["reason"]
+
+
+# Times the service accepts (dateutil's isoparse, with an offset) in forms Spark's
+# timestamp reader does not read the same way, and the RFC 3339 forms it does.
+TIME_FORMS = [
+    "2026-11-20T11:00:00Z",
+    "2026-11-20t12:00:00.123456789z",  # lower case, nanoseconds
+    "2026-11-20T13:00:00+01:00",
+    "2026-11-20T14:00:00+0100",  # basic offset
+    "2026-11-20T15:00:00+01",
+    "2026-11-20T12:00Z",  # no seconds
+    "20261120T150000Z",  # basic format
+    "2026-W47-5T16:00:00Z",  # week date: 2026-11-20
+    "2026-11-20T17:00:00+23:59",  # beyond Spark's 18-hour offsets: 2026-11-19T17:01
+    "2026-11-19T24:00:00Z",  # = 2026-11-20T00:00
+    "2026-11-20T09:59:59.999999Z",
+    "2026-11-20T18:00:00-06:00",  # 2026-11-21T00:00: --until, out
+]
+
+
+def test_the_time_window_places_every_time_form_the_service_accepts(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    exchange, queue = target
+    made = []
+    for i, form in enumerate(TIME_FORMS):
+        attributes = {"specversion": "1.0", "id": f"t-{i}", "source": "/s", "type": "t"}
+        made.append(Event({**attributes, "time": form}, b"{}"))
+    since = dt.datetime(2026, 11, 20, 0, 0, tzinfo=dt.UTC)
+    until = dt.datetime(2026, 11, 20, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    until = until + dt.timedelta(microseconds=1)
+    wanted = {e.key for e in made if since <= instant_of(e) < until}
+    assert 0 < len(wanted) < len(made) - 1  # boundaries on both sides
+    day = tmp_path / "archive" / "date=2026-11-20"
+    day.mkdir(parents=True)
+    lines = [records.to_line(e, dt.datetime(2026, 11, 25, tzinfo=dt.UTC)) for e in made]
+    (day / "part-a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    code, _out, err = run_replay(
+        ["--archive", str(tmp_path / "archive"), "--exchange", exchange,
+         "--routing-key", "replayed", "--since", since.isoformat(),
+         "--until", until.isoformat(), "--out", str(tmp_path / "out")],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert sorted(e.key for e, _ in received(queue)) == sorted(wanted)
+    counts = json.loads((tmp_path / "out" / "counts.json").read_text())
+    assert counts["filtered_out"] == len(made) - len(wanted)
+    assert counts["malformed"] == 0
+
+
+def test_spark_reads_an_instant_only_where_it_reads_it_as_the_service_does(spark: Any) -> None:
+    """The SQL rule for ``--since``/``--until`` agrees with ``records.instant``
+    wherever it gives a value, and leaves the rest to Python (``deferred``)."""
+    from pyspark.sql import functions as F
+
+    from dispatcher.pipeline import replay
+
+    texts = [
+        *TIME_FORMS,
+        "2026-11-20T00:14:00",  # no offset: no instant
+        "2026-11-20 00:14:00Z",
+        "9999-12-31T23:59:59-01:00",  # past year 9999 in UTC
+        "0001-01-01T00:00:00+01:00",  # before year 1 in UTC
+        "2026-11-20T00:14:00.1234567891234Z",
+        "+12026-11-20T00:14:00Z",
+        " 2026-11-20T00:14:00Z",
+        "2026-11-20T00:14:00.Z",
+        "2026-02-30T00:00:00Z",
+        "yesterday",
+    ]
+    frame = spark.createDataFrame([(t,) for t in texts], "t STRING")
+    rows = frame.select("t", replay._micros(F.col("t")).alias("us")).collect()
+    read = {row["t"]: row["us"] for row in rows}
+    for text in texts:
+        attributes = {"specversion": "1.0", "id": "i", "source": "/s", "type": "t", "time": text}
+        when = records.instant(Event(attributes, None))
+        if read[text] is not None:
+            assert when is not None, text
+            assert replay._epoch_micros(when) == read[text], text
+    assert sum(v is not None for v in read.values()) >= 8  # Spark places the usual forms
