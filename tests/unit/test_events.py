@@ -9,6 +9,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatcher import amqp_binding, events, http_binding, json_format
 from dispatcher.errors import EventError, NotACloudEvent
@@ -470,3 +472,62 @@ def test_a_lone_surrogate_spelled_in_json_is_malformed_a_pair_is_a_character(nam
     assert f"attribute {name!r} contains a lone surrogate" in caught.value.reason
     event = json_format.from_structured("application/cloudevents+json", document("\\ud83d\\ude00"))
     assert event.attributes[name] == "\U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("body", "data"),
+    [
+        # Laid out as to_json writes, but a member follows the data: not the short cut.
+        (b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":[1],"id":"1"}', b"[1]"),
+        (b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":1,"data":[2]}', b"[2]"),
+        # A "data" key inside the data, and data that is a bare string.
+        (
+            b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":{"data":1}}',
+            b'{"data":1}',
+        ),
+        (b'{"specversion":"1.0","id":"1","source":"/s","type":"t","data":"x"} ', b'"x"'),
+        # An attribute spelled otherwise than our encoder spells it.
+        (b'{"specversion":"1.0","id":"\\u0031","source":"/s","type":"t","data":[3]}', b"[3]"),
+    ],
+)
+def test_data_in_our_own_layout_and_near_misses_keeps_its_exact_text(body, data):
+    message = AmqpMessage(body, {}, "application/cloudevents+json")
+    assert amqp_binding.from_amqp(message).data == data
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    extensions=st.dictionaries(
+        st.sampled_from(["a", "b", "data1"]), st.text(max_size=4) | st.integers(), max_size=2
+    ),
+    data=_json_values,
+    space=st.sampled_from(["", " ", "\n"]),
+    trailing=st.sampled_from(["", ',"id":"1"', ',"data":0']),
+)
+def test_the_short_cut_for_our_layout_reads_what_the_member_scan_reads(
+    extensions, data, space, trailing
+):
+    """``_spliced_data`` (the layout ``to_json`` writes) answers nothing or exactly
+    what the member-by-member scan answers, whatever follows or precedes the data."""
+    members = {**REQUIRED, **extensions}
+    text = (
+        json.dumps(members, separators=(",", ":"), ensure_ascii=False)[:-1]
+        + ',"data":'
+        + space
+        + json.dumps(data)
+        + space
+        + trailing
+        + "}"
+    )
+    document = json_format.strict_json(text)
+    spliced = json_format._spliced_data(document, text)
+    assert spliced is None or spliced == json_format._raw_member(text, "data")
+    if not trailing and not space:
+        assert spliced == json.dumps(data)  # our own layout takes the short cut
