@@ -419,3 +419,20 @@ def test_spark_reads_an_instant_only_where_it_reads_it_as_the_service_does(spark
             assert when is not None, text
             assert replay._epoch_micros(when) == read[text], text
     assert sum(v is not None for v in read.values()) >= 8  # Spark places the usual forms
+
+
+def test_the_copies_of_an_event_meet_in_the_one_shuffle_that_feeds_the_publishers(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Dedupe without more shuffles than it needs: the repartition by (source, id)
+    into the publishing partitions is the grouping's too."""
+    from dispatcher.pipeline import replay
+
+    write_archive(tmp_path / "archive", make_events(40))  # the first 30 twice
+    options = replay.ReplayOptions(archive=str(tmp_path / "archive"), exchange="x", partitions=3)
+    lines = replay.read(spark, options.archive)
+    counts, chosen, partitions = replay._tally(spark, lines, options, tmp_path / "out")
+    plan = chosen._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange ") == 1, plan
+    assert partitions == chosen.rdd.getNumPartitions() == 3
+    assert (counts.lines, counts.malformed) == (40 + 30 + len(JUNK), len(JUNK))
