@@ -5,8 +5,10 @@ The job, stage by stage:
 1. read every ``*.jsonl`` and ``*.jsonl.gz`` below ``--archive`` (hidden
    files, such as an interrupted archiver's temp files, are skipped) with
    Spark's JSON reader, taking only what selection and dedupe need (``read``);
-   a line with no source or id is a reject with the service's reason for it
-   and never stops the job;
+   a line it finds no source or id in is read by Python, those lines alone: a
+   reject with the service's reason (it never stops the job), or an event
+   after all (Jackson refuses some JSON Python reads, such as a number of over
+   1,000 digits);
 2. filter by ``--type``, ``--source``, ``--since`` (inclusive) and ``--until``
    (exclusive), compared as instants (``records.instant``'s rule, in SQL);
 3. one shuffle, by (source, id) into the publishing partitions, gathers the
@@ -14,12 +16,14 @@ The job, stage by stage:
    interrupted between its rename and its acks);
 4. publish, per partition, with one long-lived connection and a pipelined
    confirm channel (``confirms.ConfirmedPublisher``), ordered by instant
-   within the partition, at ``--rate`` / partitions each. Here, and only here,
+   within the partition (an event whose time only Python reads goes first),
+   at ``--rate`` / partitions each. Here, and only here,
    Python reads a line whole, with the service's validation (``records.from_line``):
    the first valid copy is published, a later valid one is a duplicate, an
    invalid one a reject. So a line outside the selection is read only as far
    as the selection needs: it counts as filtered out even if it would not
-   have passed.
+   have passed (unless its time is one only Python reads: then it is read
+   whole to be placed, and a bad one is a reject).
 
 The publish stage is the one action with side effects and runs once: its
 results come back with ``collect()``, never recomputed. The exchange must
@@ -71,10 +75,17 @@ ARCHIVE_NAMES: Final = ("*.jsonl", "*.jsonl.gz")  # the same, as fnmatch reads n
 SELECTION_SCHEMA: Final = (
     f"source STRING, id STRING, type STRING, time STRING, {records.ARCHIVED} STRING"
 )
-REJECT_SCHEMA: Final = "file STRING, line STRING, reason STRING"
+# What Python reads of a line Spark's reader could not (``_read_in_python``).
+BY_PYTHON_SCHEMA: Final = (
+    "file STRING, value STRING, source STRING, id STRING, type STRING, "
+    "instant_us BIGINT, reason STRING"
+)
 # The RFC 3339 form Spark and ``records.instant`` (dateutil's isoparse) read alike,
-# after upper-casing. Other texts isoparse reads (``+0100``, week dates, ``T24:00``,
-# an offset past Spark's 18 hours) are left to Python, at publish.
+# after upper-casing and with basic offsets (+0100, +01) given their colon. Other
+# texts isoparse reads (week dates, ``T24:00``, no seconds, an offset past Spark's
+# 18 hours) are left to Python, at publish.
+_BASIC_OFFSET: Final = r"(:\d\d(?:\.\d+)?[+-]\d\d)(\d\d)$"
+_HOURS_OFFSET: Final = r"(:\d\d(?:\.\d+)?[+-]\d\d)$"
 _RFC3339: Final = r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$"
 
 
@@ -335,39 +346,54 @@ def _micros(given: Any) -> Any:
     from pyspark.sql import functions as F
 
     text = F.upper(given)  # RFC 3339 allows "t" and "z"; Spark reads the capitals
+    # ISO 8601's basic offsets, which isoparse reads and producers write (strftime's
+    # %z): +0100 and +01 become +01:00, so few times are left for Python to place.
+    text = F.regexp_replace(text, _BASIC_OFFSET, "$1:$2")
+    text = F.regexp_replace(text, _HOURS_OFFSET, "$1:00")
     return F.when(text.rlike(_RFC3339), F.unix_micros(F.try_to_timestamp(text)))
 
 
 def _tally(
     spark: SparkSession, lines: DataFrame, options: ReplayOptions, out: Path
 ) -> tuple[Counts, DataFrame, int]:
-    """The counts known before publishing, the unreadable lines' rejects written, and
-    the selected events (a row per (source, id) with every copy) over how many
-    partitions."""
+    """The counts known before publishing, the rejects of lines Spark could not
+    read written, and the selected events (a row per (source, id) with every
+    copy) over how many partitions."""
     from pyspark.sql import functions as F
 
     counts = Counts()
     readable = F.col("readable")
-    selected = readable & _selection(options)
+    selection = _selection(options)
     totals = lines.agg(
         F.count(F.lit(1)).alias("lines"),
-        F.sum(F.when(~readable, 1).otherwise(0)).alias("malformed"),
-        F.sum(F.when(readable & ~selected, 1).otherwise(0)).alias("filtered_out"),
+        F.sum(F.when(readable & ~selection, 1).otherwise(0)).alias("filtered_out"),
     ).first()
     assert totals is not None
     counts.lines = int(totals["lines"])
-    counts.malformed = int(totals["malformed"] or 0)
     counts.filtered_out = int(totals["filtered_out"] or 0)
-    unreadable = lines.where(~readable).select("file", "value").rdd.map(_unreadable)
-    spark.createDataFrame(unreadable, REJECT_SCHEMA).write.mode("overwrite").json(
-        str(out / "rejects")
-    )
+    # Lines Spark's reader found no (source, id) in are read by Python, these
+    # alone: a reject with the service's reason, or an event after all (Jackson
+    # refuses what Python reads, such as a number of over 1,000 digits in the data).
+    python = lines.where(~readable).select("file", "value").rdd.map(_read_in_python)
+    by_python = spark.createDataFrame(python, BY_PYTHON_SCHEMA).withColumn("deferred", F.lit(False))
+    refused = F.col("reason").isNotNull()
+    small = by_python.agg(
+        F.sum(F.when(refused, 1).otherwise(0)).alias("malformed"),
+        F.sum(F.when(~refused & ~selection, 1).otherwise(0)).alias("filtered_out"),
+    ).first()
+    assert small is not None
+    counts.malformed = int(small["malformed"] or 0)
+    counts.filtered_out += int(small["filtered_out"] or 0)
+    by_python.where(refused).select("file", F.col("value").alias("line"), "reason").write.mode(
+        "overwrite"
+    ).json(str(out / "rejects"))
+    events = lines.where(readable & selection).select(*_EVENT_COLUMNS)
+    events = events.unionByName(by_python.where(~refused & selection).select(*_EVENT_COLUMNS))
     partitions = options.partitions or spark.sparkContext.defaultParallelism
     # The one shuffle: by (source, id) into the publishing partitions, so that the
     # grouping of an event's copies needs no other (the plan has one Exchange).
     chosen = (
-        lines.where(selected)
-        .repartition(partitions, "source", "id")
+        events.repartition(partitions, "source", "id")
         .groupBy("source", "id")
         .agg(
             F.min("instant_us").alias("instant_us"),
@@ -378,16 +404,21 @@ def _tally(
     return counts, chosen, partitions
 
 
-def _unreadable(row: Any) -> tuple[str, str, str]:
-    """Runs on executors, for the lines Spark's reader found no (source, id) in:
-    the reject with the service's reason for it."""
+_EVENT_COLUMNS: Final = ("file", "value", "source", "id", "type", "instant_us", "deferred")
+
+
+def _read_in_python(row: Any) -> tuple[Any, ...]:
+    """Runs on executors, for a line Spark's reader found no (source, id) in:
+    (file, value, source, id, type, instant_us, reason), with the service's
+    reason when it is no event either."""
+    file, value = row["file"], row["value"]
     try:
-        records.from_line(row["value"])
+        event = records.from_line(value)
     except EventError as e:
-        return row["file"], row["value"], e.reason
-    # Python reads it and Spark's JSON reader does not (Jackson and Python's json
-    # disagree at some edge): refused rather than guessed at.
-    return row["file"], row["value"], "Spark's JSON reader finds no source or id in it"
+        return file, value, None, None, None, None, e.reason
+    when = records.instant(event)
+    instant = None if when is None else _epoch_micros(when)
+    return file, value, event.source, event.id, event.type, instant, None
 
 
 def _settle(counts: Counts, results: list[PartitionResult], partitions: int) -> None:
@@ -467,6 +498,15 @@ def publish(
                 candidates, exchange, routing_key, rate=rate, on_progress=sender
             )
             result = publisher.publish(copies.outgoing(rows))
+        except Exception as e:
+            # Spark's worker sends a task's error to the JVM as UTF-8 and, failing to
+            # encode one (a lone surrogate from a line's text), never reports the task
+            # at all: the job waited for ever. Only ASCII leaves the partition.
+            raise RuntimeError(
+                f"replay partition {index}: {type(e).__name__}: {e!s:.2000}".encode(
+                    "ascii", "backslashreplace"
+                ).decode("ascii")
+            ) from None
         finally:
             copies.close()
             if sender is not None:  # the last count, and the socket released on every path
@@ -529,7 +569,9 @@ class _Copies:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             self._stream = self._path.open("wb")
         document = {"file": file, "line": line, "reason": reason}  # as Spark writes the rest
-        self._stream.write(json.dumps(document, ensure_ascii=False).encode() + b"\n")
+        # Escaped to ASCII: a line or reason may hold a lone surrogate (a JSON
+        # "\ud800" the service refuses), which no UTF-8 encoder takes.
+        self._stream.write(json.dumps(document).encode("ascii") + b"\n")
 
     def close(self) -> None:
         if self._stream is not None:

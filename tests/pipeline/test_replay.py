@@ -436,3 +436,33 @@ def test_the_copies_of_an_event_meet_in_the_one_shuffle_that_feeds_the_publisher
     assert plan.count("Exchange ") == 1, plan
     assert partitions == chosen.rdd.getNumPartitions() == 3
     assert (counts.lines, counts.malformed) == (40 + 30 + len(JUNK), len(JUNK))
+
+
+def test_lines_spark_and_python_read_differently_are_still_published_or_rejected(
+    spark: Any, target: tuple[str, str], tmp_path: Path, capsys: Any
+) -> None:
+    # Spark's JSON reader (Jackson) refuses a number of over 1,000 digits, which
+    # the service reads and keeps to the digit; a name spelled with a lone
+    # surrogate is a reject whose text no UTF-8 encoder takes (the job hung).
+    exchange, queue = target
+    big = Event({**make_events(1)[0].attributes, "id": "big"}, b'{"n":' + b"7" * 1500 + b"}")
+    plain = make_events(2)[1]
+    surrogate = b'{"specversion":"1.0","id":"s","source":"/s","type":"t","\\ud800":"x"}'
+    day = tmp_path / "archive" / "date=2026-11-20"
+    day.mkdir(parents=True)
+    lines = [records.to_line(big, ARCHIVED_AT), surrogate, records.to_line(plain, ARCHIVED_AT)]
+    (day / "part-a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    code, _out, err = replay_folder(tmp_path, exchange, capsys)
+    assert code == 0, err
+    got = {e.key: e for e, _ in received(queue)}
+    assert sorted(got) == sorted([big.key, plain.key])
+    assert got[big.key].data == big.data
+    counts = json.loads((tmp_path / "out" / "counts.json").read_text())
+    assert (counts["published"], counts["malformed"], counts["lines"]) == (2, 1, 3)
+    rejects = [
+        json.loads(line)
+        for path in (tmp_path / "out" / "rejects").glob("*.json")
+        for line in path.read_text().splitlines()
+    ]
+    assert [r["line"] for r in rejects] == [surrogate.decode()]
+    assert "\ud800" in rejects[0]["reason"]
