@@ -30,6 +30,7 @@ With no progress for ``give_up_after`` seconds, the rest fails.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import Counter, deque
@@ -127,7 +128,14 @@ class ConfirmedPublisher:
 
     def publish(self, records: Iterable[Outgoing]) -> PublishResult:
         """Publish every record; returns when each is published or failed."""
-        self._source = iter(records)
+        source = iter(records)
+        # The first record before connecting: a Spark partition gives its first row
+        # only once its sort has read every row (minutes, for a large archive), and
+        # a connection opened meanwhile got no heartbeats, was closed by the broker
+        # and counted as one that made no progress (past give_up_after: every
+        # record of the partition failed).
+        head = next(source, None)
+        self._source = iter(()) if head is None else itertools.chain((head,), source)
         self._next_slot = self._clock()
         progress_at = self._clock()
         first = True

@@ -248,3 +248,21 @@ def test_every_connection_attempt_frees_its_sockets_and_loop() -> None:
         assert len(os.listdir("/proc/self/fd")) <= fds + 1
     finally:
         gc.enable()
+
+
+def test_a_source_slow_to_give_its_first_record_costs_no_connection(queue: str) -> None:
+    """A Spark partition gives its first row only once its sort has read every row,
+    which can take minutes. The first record is taken before connecting: a
+    connection opened first would get no heartbeats meanwhile, be closed by the
+    broker, and count as a connection that made no progress (past ``give_up_after``,
+    the whole partition failed)."""
+    slow = 4.0  # four heartbeats of one second: the broker gives up after two
+
+    def sorted_partition() -> Iterator[Outgoing]:
+        time.sleep(slow)  # stands for the sort: nothing can be yielded before it ends
+        yield from records(50)
+
+    publisher = ConfirmedPublisher([params(broker.URL + "?heartbeat=1")], "", queue)
+    result = publisher.publish(sorted_partition())
+    assert (result.published, result.failed, result.resent, result.connections) == (50, 0, 0, 1)
+    assert sorted(i for i, _ in drain(queue)) == sorted(r.key[1] for r in records(50))
