@@ -283,11 +283,14 @@ def replay(
     shutil.rmtree(out / "failed", ignore_errors=True)  # a previous run's, now stale
     with _nothing_published_yet(stop):
         lines = read(spark, options.archive).persist(StorageLevel.MEMORY_AND_DISK)
+    # Counted, written and published from: read by Python once.
+    by_python = read_in_python(spark, lines).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with _nothing_published_yet(stop):
-            counts, chosen, partitions = _tally(spark, lines, options, out)
+            counts, chosen, partitions = _tally(spark, lines, by_python, options, out)
         results = publish(chosen, partitions, broker, options, progress_to, out / "rejects")
     finally:
+        by_python.unpersist()
         lines.unpersist()
     _settle(counts, results, partitions)
     counts.seconds = round(time.monotonic() - started, 3)
@@ -335,9 +338,11 @@ def read(spark: SparkSession, archive: str) -> DataFrame:
             "f.id",
             "f.type",
             _micros(given).alias("instant_us"),
-            (given.isNotNull() & _micros(given).isNull()).alias("deferred"),
+            given.isNotNull().alias("timed"),
             (F.col("f.source").isNotNull() & F.col("f.id").isNotNull()).alias("readable"),
         )
+        .withColumn("deferred", F.col("timed") & F.col("instant_us").isNull())
+        .drop("timed")
     )
 
 
@@ -353,8 +358,23 @@ def _micros(given: Any) -> Any:
     return F.when(text.rlike(_RFC3339), F.unix_micros(F.try_to_timestamp(text)))
 
 
+def read_in_python(spark: SparkSession, lines: DataFrame) -> DataFrame:
+    """The lines Spark's reader found no (source, id) in, read by Python, these
+    alone: a reject with the service's ``reason``, or an event after all (Jackson
+    refuses what Python reads, such as a number of over 1,000 digits in the
+    data), with the columns ``read`` gives an event."""
+    from pyspark.sql import functions as F
+
+    python = lines.where(~F.col("readable")).select("file", "value").rdd.map(_read_in_python)
+    return spark.createDataFrame(python, BY_PYTHON_SCHEMA).withColumn("deferred", F.lit(False))
+
+
 def _tally(
-    spark: SparkSession, lines: DataFrame, options: ReplayOptions, out: Path
+    spark: SparkSession,
+    lines: DataFrame,
+    by_python: DataFrame,
+    options: ReplayOptions,
+    out: Path,
 ) -> tuple[Counts, DataFrame, int]:
     """The counts known before publishing, the rejects of lines Spark could not
     read written, and the selected events (a row per (source, id) with every
@@ -371,11 +391,6 @@ def _tally(
     assert totals is not None
     counts.lines = int(totals["lines"])
     counts.filtered_out = int(totals["filtered_out"] or 0)
-    # Lines Spark's reader found no (source, id) in are read by Python, these
-    # alone: a reject with the service's reason, or an event after all (Jackson
-    # refuses what Python reads, such as a number of over 1,000 digits in the data).
-    python = lines.where(~readable).select("file", "value").rdd.map(_read_in_python)
-    by_python = spark.createDataFrame(python, BY_PYTHON_SCHEMA).withColumn("deferred", F.lit(False))
     refused = F.col("reason").isNotNull()
     small = by_python.agg(
         F.sum(F.when(refused, 1).otherwise(0)).alias("malformed"),

@@ -88,6 +88,15 @@ def received(queue: str) -> list[tuple[Event, Any]]:
     ]
 
 
+def rejects_in(out: Path) -> list[dict[str, str]]:
+    """Every reject in ``out/rejects``: Spark's part files and the partitions' own."""
+    return [
+        json.loads(line)
+        for path in sorted((out / "rejects").glob("*.json"))
+        for line in path.read_text().splitlines()
+    ]
+
+
 def run_replay(argv: list[str], capsys: Any) -> tuple[int, str, str]:
     code = cli.main(["replay", *argv])
     captured = capsys.readouterr()
@@ -141,11 +150,7 @@ def test_replays_every_event_once_in_the_form_the_service_reads(
     assert counts["failed"] == 0
     assert counts["partitions"] == 3 and counts["connections"] == 3
     assert "published 300, skipped 30 as duplicate" in out
-    rejects = [
-        json.loads(line)
-        for path in (tmp_path / "out" / "rejects").glob("*.json")
-        for line in path.read_text().splitlines()
-    ]
+    rejects = rejects_in(tmp_path / "out")
     assert sorted(r["line"].encode() for r in rejects) == sorted(JUNK)
     assert all(r["reason"] and r["file"].endswith((".jsonl", ".jsonl.gz")) for r in rejects)
 
@@ -172,11 +177,7 @@ def test_a_json_event_the_service_would_refuse_is_a_reject_with_the_services_rea
     counts = json.loads((tmp_path / "out" / "counts.json").read_text())
     assert (counts["lines"], counts["published"], counts["skipped_duplicate"]) == (15, 10, 1)
     assert counts["malformed"] == len(invalid) + 1
-    rejects = {
-        json.loads(line)["line"]: json.loads(line)["reason"]
-        for path in (tmp_path / "out" / "rejects").glob("*.json")
-        for line in path.read_text().splitlines()
-    }
+    rejects = {r["line"]: r["reason"] for r in rejects_in(tmp_path / "out")}
     assert rejects.keys() == {line.decode() for line in [*invalid, JUNK[0]]}
     assert "RFC 3339" in rejects[invalid[0].decode()]
     assert "base64" in rejects[invalid[1].decode()]
@@ -330,11 +331,7 @@ def test_a_corrupt_copy_of_a_duplicated_event_never_stands_in_for_it(
     assert [e for e, _ in got] == [event]
     counts = json.loads((tmp_path / "out" / "counts.json").read_text())
     assert (counts["published"], counts["skipped_duplicate"], counts["malformed"]) == (1, 1, 1)
-    rejects = [
-        json.loads(line)
-        for path in (tmp_path / "out" / "rejects").glob("*.json")
-        for line in path.read_text().splitlines()
-    ]
+    rejects = rejects_in(tmp_path / "out")
     assert [(r["line"], r["file"].endswith("part-a.jsonl")) for r in rejects] == [
         (corrupt.decode(), True)
     ]
@@ -431,7 +428,8 @@ def test_the_copies_of_an_event_meet_in_the_one_shuffle_that_feeds_the_publisher
     write_archive(tmp_path / "archive", make_events(40))  # the first 30 twice
     options = replay.ReplayOptions(archive=str(tmp_path / "archive"), exchange="x", partitions=3)
     lines = replay.read(spark, options.archive)
-    counts, chosen, partitions = replay._tally(spark, lines, options, tmp_path / "out")
+    by_python = replay.read_in_python(spark, lines)
+    counts, chosen, partitions = replay._tally(spark, lines, by_python, options, tmp_path / "out")
     plan = chosen._jdf.queryExecution().executedPlan().toString()
     assert plan.count("Exchange ") == 1, plan
     assert partitions == chosen.rdd.getNumPartitions() == 3
@@ -459,10 +457,6 @@ def test_lines_spark_and_python_read_differently_are_still_published_or_rejected
     assert got[big.key].data == big.data
     counts = json.loads((tmp_path / "out" / "counts.json").read_text())
     assert (counts["published"], counts["malformed"], counts["lines"]) == (2, 1, 3)
-    rejects = [
-        json.loads(line)
-        for path in (tmp_path / "out" / "rejects").glob("*.json")
-        for line in path.read_text().splitlines()
-    ]
+    rejects = rejects_in(tmp_path / "out")
     assert [r["line"] for r in rejects] == [surrogate.decode()]
     assert "\ud800" in rejects[0]["reason"]
