@@ -156,6 +156,8 @@ def _spliced_data(document: dict[str, Any], text: str) -> str | None:
     (every other member compact and in order, then ``"data"`` spliced in last): the
     archive's lines, our own structured messages. None for any other layout, which
     ``_raw_member`` then scans member by member (a third of an archive line's parse)."""
+    if ',"data":' not in text:  # another writer's spacing: no encoding spent on it
+        return None
     members = {name: value for name, value in document.items() if name != "data"}
     if not members:
         return None
