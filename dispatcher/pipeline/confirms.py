@@ -36,7 +36,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import pika
 
@@ -45,6 +45,9 @@ from dispatcher.broker.params import Node, Rotation, node_label
 from dispatcher.retry import Backoff
 
 DEFAULT_WINDOW: Final = 1000
+# What a source yields for "nothing yet": the loop takes its turn, then pulls again.
+TURN: Final = None
+_END: Final = object()
 # Failed records kept for the caller, per partition (the rest are only counted).
 FAILED_RECORDS_KEPT: Final = 10_000
 
@@ -107,7 +110,7 @@ class ConfirmedPublisher:
         self._clock = clock
         self._sleep = sleep
         self.result = PublishResult()
-        self._source: Iterator[Outgoing] = iter(())
+        self._source: Iterator[Outgoing | None] = iter(())
         self._exhausted = False
         self._resend: deque[Outgoing] = deque()
         self._link: ConfirmLink[Outgoing] = ConfirmLink(
@@ -126,15 +129,18 @@ class ConfirmedPublisher:
 
     # ----------------------------------------------------------------- the loop
 
-    def publish(self, records: Iterable[Outgoing]) -> PublishResult:
-        """Publish every record; returns when each is published or failed."""
+    def publish(self, records: Iterable[Outgoing | None]) -> PublishResult:
+        """Publish every record; returns when each is published or failed. The
+        records are pulled on the connection's loop: a source with long work
+        between two records yields None now and then (``TURN``) to let the loop
+        answer heartbeats and take confirms meanwhile."""
         source = iter(records)
         # The first record before connecting: a Spark partition gives its first row
         # only once its sort has read every row (minutes, for a large archive), and
         # a connection opened meanwhile got no heartbeats, was closed by the broker
         # and counted as one that made no progress (past give_up_after: every
         # record of the partition failed).
-        head = next(source, None)
+        head = next((record for record in source if record is not TURN), None)
         self._source = iter(()) if head is None else itertools.chain((head,), source)
         self._next_slot = self._clock()
         progress_at = self._clock()
@@ -173,7 +179,8 @@ class ConfirmedPublisher:
             self.result.fail(self._resend.popleft(), reason)
         if not self._exhausted:
             for record in self._source:
-                self.result.fail(record, reason)
+                if record is not TURN:
+                    self.result.fail(record, reason)
             self._exhausted = True
 
     def _requeue(self, lost: list[Outgoing], _reason: str) -> None:
@@ -234,16 +241,20 @@ class ConfirmedPublisher:
         if self._exhausted:
             return None
         try:
-            record = next(self._source, None)
+            record = next(self._source, _END)
         except Exception as e:
             # The input broke (a Spark read error): stop, and let publish() raise it
             # rather than count the unread rest as nothing.
             self._source_error = e
             self._exhausted = True
             return None
-        if record is None:
+        if record is _END:
             self._exhausted = True
-        return record
+            return None
+        if record is TURN:  # the loop's turn (heartbeats, confirms), then more
+            self._schedule_pump(0)
+            return None
+        return cast(Outgoing, record)
 
     def _on_confirmed(self, settled: list[tuple[Outgoing, str | None]], _acked: bool) -> None:
         for record, error in settled:

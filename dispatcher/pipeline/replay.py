@@ -64,7 +64,7 @@ from dispatcher.errors import BatchFailed, BatchInputError, EventError
 from dispatcher.events import Event
 from dispatcher.pipeline import inputs, progress, records
 from dispatcher.pipeline import spark as spark_session
-from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
+from dispatcher.pipeline.confirms import TURN, ConfirmedPublisher, Outgoing, PublishResult
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -531,6 +531,10 @@ def publish(
     return chosen.rdd.mapPartitionsWithIndex(publish_partition).collect()
 
 
+# About 10 ms of reading copies (20 us each) between two turns of the loop.
+_SKIPS_PER_TURN: Final = 500
+
+
 class _Copies:
     """A partition's reading of its events' copies, in Python, with the service's
     validation: the first valid copy of each (source, id) is published, a valid
@@ -549,7 +553,11 @@ class _Copies:
         self.rejected = 0
         self.filtered_out = 0
 
-    def outgoing(self, rows: Iterable[Any]) -> Iterator[Outgoing]:
+    def outgoing(self, rows: Iterable[Any]) -> Iterator[Outgoing | None]:
+        """The events to publish; ``TURN`` after every ``_SKIPS_PER_TURN`` copies
+        not published, so that a long run of them (rejects, duplicates, times
+        outside the window) does not hold the publisher's loop past a heartbeat."""
+        skipped = 0
         for row in rows:
             published = False
             for copy in row["copies"]:
@@ -557,14 +565,18 @@ class _Copies:
                     event = records.from_line(copy["value"])
                 except EventError as e:
                     self._reject(copy["file"], copy["value"], e.reason)
-                    continue
-                if copy["deferred"] and not self._in_window(event):
-                    self.filtered_out += 1
-                elif published:
-                    self.duplicates += 1
                 else:
-                    published = True
-                    yield _outgoing(event)
+                    if copy["deferred"] and not self._in_window(event):
+                        self.filtered_out += 1
+                    elif published:
+                        self.duplicates += 1
+                    else:
+                        published = True
+                        yield _outgoing(event)
+                        continue
+                skipped += 1
+                if skipped % _SKIPS_PER_TURN == 0:
+                    yield TURN
 
     def _in_window(self, event: Event) -> bool:
         if self._since is None and self._until is None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pika
 import pytest
 
-from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing, PublishResult
+from dispatcher.pipeline.confirms import TURN, ConfirmedPublisher, Outgoing, PublishResult
 from tests.support import broker
 from tests.support.proxy import FaultProxy
 
@@ -264,5 +264,26 @@ def test_a_source_slow_to_give_its_first_record_costs_no_connection(queue: str) 
 
     publisher = ConfirmedPublisher([params(broker.URL + "?heartbeat=1")], "", queue)
     result = publisher.publish(sorted_partition())
+    assert (result.published, result.failed, result.resent, result.connections) == (50, 0, 0, 1)
+    assert sorted(i for i, _ in drain(queue)) == sorted(r.key[1] for r in records(50))
+
+
+def test_a_source_busy_between_records_gives_the_loop_its_turns(queue: str) -> None:
+    """A replay partition reads copies it does not publish (rejects, duplicates,
+    times outside the window) on the publisher's loop; a long run of them yields
+    ``TURN`` now and then, and the loop answers heartbeats meanwhile."""
+    busy = 4.0  # four heartbeats of one second: the broker gives up after two
+
+    def skipping() -> Iterator[Outgoing | None]:
+        sent = records(50)
+        yield from sent[:10]
+        ends = time.monotonic() + busy
+        while time.monotonic() < ends:
+            time.sleep(0.01)  # stands for 500 copies read and not published
+            yield TURN
+        yield from sent[10:]
+
+    publisher = ConfirmedPublisher([params(broker.URL + "?heartbeat=1")], "", queue)
+    result = publisher.publish(skipping())
     assert (result.published, result.failed, result.resent, result.connections) == (50, 0, 0, 1)
     assert sorted(i for i, _ in drain(queue)) == sorted(r.key[1] for r in records(50))
