@@ -198,13 +198,17 @@ class Publisher:
         headers, content_type = amqp_binding.to_amqp_headers(event)
         if trace:
             headers.update(trace)
+        message_id = amqp_binding.message_id(event.id)
         properties = pika.BasicProperties(
-            headers=headers, content_type=content_type, delivery_mode=2
+            headers=headers, content_type=content_type, delivery_mode=2, message_id=message_id
         )
         body = event.data or b""
         if self._link.too_large(properties) is not None:
             properties = pika.BasicProperties(
-                headers=dict(trace or {}), content_type=STRUCTURED_CONTENT_TYPE, delivery_mode=2
+                headers=dict(trace or {}),
+                content_type=STRUCTURED_CONTENT_TYPE,
+                delivery_mode=2,
+                message_id=message_id,
             )
             body = to_json(event)
         # The event's identity, whatever the form: a return is matched to its publish

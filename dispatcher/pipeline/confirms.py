@@ -40,6 +40,7 @@ from typing import Any, Final, cast
 
 import pika
 
+from dispatcher.amqp_binding import message_id
 from dispatcher.broker.confirm_link import ConfirmLink
 from dispatcher.broker.params import Node, Rotation, node_label
 from dispatcher.retry import Backoff
@@ -206,7 +207,10 @@ class ConfirmedPublisher:
             if record is None:
                 break
             properties = pika.BasicProperties(
-                headers=record.headers, content_type=record.content_type, delivery_mode=2
+                headers=record.headers,
+                content_type=record.content_type,
+                delivery_mode=2,
+                message_id=message_id(record.key[1]),
             )
             try:
                 error = link.publish(

@@ -291,6 +291,7 @@ def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscri
     assert len(sub.requests) == 2
     [(props, body)] = wait_until(lambda: broker.get_all(dlq), message="the dead letter")
     assert props.headers["ce-id"] == "d-2"
+    assert props.message_id == "d-2"  # as Knative's dispatcher publishes its dead letters
     assert props.headers["ce-knativeerrorcode"] == "500"
     assert len(props.headers["ce-knativeerrordata"]) == 1024  # capped
     assert props.delivery_mode == 2
@@ -593,6 +594,28 @@ def test_startup_objects_are_kept_out_of_full_garbage_collections(run_service, s
     running.service.request_stop()
     running.service.shutdown()
     assert gc.get_freeze_count() == 0
+
+
+def test_an_event_id_too_long_for_a_message_id_is_dead_lettered_without_one(
+    make_subscriber, run_service
+):
+    """An event id has no length bound, AMQP's ``message_id`` holds 255 octets:
+    pika would refuse the whole dead letter, and the message would be requeued
+    for ever."""
+    sub = make_subscriber(lambda _r, _i: Reply(400))
+    exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")
+    svc = run_service(
+        sub.url,
+        dead_letter={"exchange": exchange},
+        extra_queues=[dlq],
+        extra_exchanges=[exchange],
+    )
+    long_id = "é" * 200  # 400 octets
+    publish(svc.queue, b"{}", headers=event_headers(long_id))
+    svc.wait_events("dead_lettered", 1)
+    [(props, _body)] = wait_until(lambda: broker.get_all(dlq), message="the dead letter")
+    assert props.headers["ce-id"] == long_id
+    assert props.message_id is None
 
 
 def test_the_default_exchange_is_a_dead_letter_target(make_subscriber, run_service):
