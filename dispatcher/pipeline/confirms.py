@@ -202,10 +202,11 @@ class ConfirmedPublisher:
                 if wait > 0:
                     self._schedule_pump(wait)
                     return
-                self._next_slot = max(self._next_slot, self._clock() - 1.0) + self._interval
             record = self._next_record()
             if record is None:
                 break
+            if self._interval:  # taken by a record only: a TURN publishes nothing
+                self._next_slot = max(self._next_slot, self._clock() - 1.0) + self._interval
             properties = pika.BasicProperties(
                 headers=record.headers,
                 content_type=record.content_type,

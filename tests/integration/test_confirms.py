@@ -304,3 +304,23 @@ def test_a_source_busy_between_records_gives_the_loop_its_turns(queue: str) -> N
     result = publisher.publish(skipping())
     assert (result.published, result.failed, result.resent, result.connections) == (50, 0, 0, 1)
     assert sorted(i for i, _ in drain(queue)) == sorted(r.key[1] for r in records(50))
+
+
+def test_a_turn_takes_no_rate_slot(queue: str) -> None:
+    """A replay partition's TURNs (a long run of copies it does not publish) spent
+    one ``--rate`` slot each: a rate-limited replay slowed by one interval per 500
+    copies skipped, with nothing published in it."""
+    sent = records(20)
+
+    def with_turns() -> Iterator[Outgoing | None]:
+        for record in sent:
+            yield record
+            yield from [TURN] * 25
+
+    publisher = ConfirmedPublisher([params()], "", queue, rate=1000)
+    before = time.monotonic()
+    result = publisher.publish(with_turns())
+    assert result.published == 20
+    # The slots the records took, whatever the scheduling: 20 ms of them, where
+    # the 500 TURNs took 500 ms more.
+    assert publisher._next_slot - before < 0.1
