@@ -49,6 +49,7 @@ import contextlib
 import datetime as dt
 import json
 import shutil
+import sys
 import threading
 import time
 from collections import Counter
@@ -508,7 +509,9 @@ def publish(
             options.since,
             options.until,
         )
+        limit = sys.getrecursionlimit()
         try:
+            sys.setrecursionlimit(limit + _LOOP_FRAMES)
             publisher = ConfirmedPublisher(
                 candidates, exchange, routing_key, rate=rate, on_progress=sender
             )
@@ -523,6 +526,7 @@ def publish(
                 ).decode("ascii")
             ) from None
         finally:
+            sys.setrecursionlimit(limit)
             copies.close()
             if sender is not None:  # the last count, and the socket released on every path
                 sender.close(0 if publisher is None else publisher.result.published)
@@ -533,6 +537,12 @@ def publish(
 
 # About 10 ms of reading copies (20 us each) between two turns of the loop.
 _SKIPS_PER_TURN: Final = 500
+# Copies are read on the publisher's loop (pika's ioloop, the confirm link, the
+# pump), dozens of frames deeper than the service or the archiver reads the same
+# event, and Python's JSON decoder counts those frames against its nesting: data
+# nested 970 deep, which both of them accept, was a "nested too deeply" reject
+# here. The partition's worker runs nothing else meanwhile.
+_LOOP_FRAMES: Final = 100
 
 
 class _Copies:

@@ -442,21 +442,32 @@ def test_lines_spark_and_python_read_differently_are_still_published_or_rejected
     # Spark's JSON reader (Jackson) refuses a number of over 1,000 digits, which
     # the service reads and keeps to the digit; a name spelled with a lone
     # surrogate is a reject whose text no UTF-8 encoder takes (the job hung).
+    # Data nested 980 deep, which the service and the archiver read, was "nested
+    # too deeply" for Python read on the publisher's loop, frames deeper.
     exchange, queue = target
     big = Event({**make_events(1)[0].attributes, "id": "big"}, b'{"n":' + b"7" * 1500 + b"}")
     plain = make_events(2)[1]
+    deep = Event({**make_events(1)[0].attributes, "id": "deep"}, b"[" * 980 + b"]" * 980)
     surrogate = b'{"specversion":"1.0","id":"s","source":"/s","type":"t","\\ud800":"x"}'
     day = tmp_path / "archive" / "date=2026-11-20"
     day.mkdir(parents=True)
-    lines = [records.to_line(big, ARCHIVED_AT), surrogate, records.to_line(plain, ARCHIVED_AT)]
+    shallow = Event(deep.attributes, b"[]")
+    deep_line = records.to_line(shallow, ARCHIVED_AT).replace(b'"data":[]', b'"data":' + deep.data)
+    lines = [
+        records.to_line(big, ARCHIVED_AT),
+        surrogate,
+        records.to_line(plain, ARCHIVED_AT),
+        deep_line,
+    ]
     (day / "part-a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     code, _out, err = replay_folder(tmp_path, exchange, capsys)
     assert code == 0, err
     got = {e.key: e for e, _ in received(queue)}
-    assert sorted(got) == sorted([big.key, plain.key])
+    assert sorted(got) == sorted([big.key, plain.key, deep.key])
     assert got[big.key].data == big.data
+    assert got[deep.key].data == deep.data
     counts = json.loads((tmp_path / "out" / "counts.json").read_text())
-    assert (counts["published"], counts["malformed"], counts["lines"]) == (2, 1, 3)
+    assert (counts["published"], counts["malformed"], counts["lines"]) == (3, 1, 4)
     rejects = rejects_in(tmp_path / "out")
     assert [r["line"] for r in rejects] == [surrogate.decode()]
     assert "\ud800" in rejects[0]["reason"]
