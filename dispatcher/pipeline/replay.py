@@ -84,10 +84,11 @@ BY_PYTHON_SCHEMA: Final = (
 # The RFC 3339 form Spark and ``records.instant`` (dateutil's isoparse) read alike,
 # after upper-casing and with basic offsets (+0100, +01) given their colon. Other
 # texts isoparse reads (week dates, ``T24:00``, no seconds, an offset past Spark's
-# 18 hours) are left to Python, at publish.
+# 18 hours) are left to Python, at publish; so is year 0000, which Spark's
+# calendar holds and Python's does not (it has no instant there).
 _BASIC_OFFSET: Final = r"(:\d\d(?:\.\d+)?[+-]\d\d)(\d\d)$"
 _HOURS_OFFSET: Final = r"(:\d\d(?:\.\d+)?[+-]\d\d)$"
-_RFC3339: Final = r"^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$"
+_RFC3339: Final = r"^(?!0000)\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$"
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,6 +399,7 @@ def test_spark_reads_an_instant_only_where_it_reads_it_as_the_service_does(spark
         "2026-11-20 00:14:00Z",
         "9999-12-31T23:59:59-01:00",  # past year 9999 in UTC
         "0001-01-01T00:00:00+01:00",  # before year 1 in UTC
+        "0000-01-01T00:00:00Z",  # year 0: Spark's calendar has it, Python's has not
         "2026-11-20T00:14:00.1234567891234Z",
         "+12026-11-20T00:14:00Z",
         " 2026-11-20T00:14:00Z",
