@@ -8,6 +8,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -276,15 +278,29 @@ def test_cesql_filters_pass_and_filter_events(make_subscriber, run_service):
     assert svc.events("dead_lettered") == 0
 
 
-def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
-    sub = make_subscriber(lambda _r, _i: Reply(500, body=b"x" * 5000))
+def dead_letters_to_an_exchange(
+    make_subscriber: Any, run_service: Any, answer: Callable[..., Reply], **service: Any
+) -> tuple[Any, Any, str]:
+    """A subscriber giving ``answer`` and a service dead-lettering to a fresh fanout
+    exchange: (subscriber, service, the exchange's queue)."""
+    sub = make_subscriber(answer)
     exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")
     svc = run_service(
         sub.url,
-        delivery={"retry": 1},
         dead_letter={"exchange": exchange},
         extra_queues=[dlq],
         extra_exchanges=[exchange],
+        **service,
+    )
+    return sub, svc, dlq
+
+
+def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscriber, run_service):
+    sub, svc, dlq = dead_letters_to_an_exchange(
+        make_subscriber,
+        run_service,
+        lambda _r, _i: Reply(500, body=b"x" * 5000),
+        delivery={"retry": 1},
     )
     publish(svc.queue, b'{"a": 2}', headers=event_headers("d-2"))
     svc.wait_events("dead_lettered", 1)
@@ -602,13 +618,8 @@ def test_an_event_id_too_long_for_a_message_id_is_dead_lettered_without_one(
     """An event id has no length bound, AMQP's ``message_id`` holds 255 octets:
     pika would refuse the whole dead letter, and the message would be requeued
     for ever."""
-    sub = make_subscriber(lambda _r, _i: Reply(400))
-    exchange, dlq = broker.declare_fanout_with_queue(prefix="dlx")
-    svc = run_service(
-        sub.url,
-        dead_letter={"exchange": exchange},
-        extra_queues=[dlq],
-        extra_exchanges=[exchange],
+    _sub, svc, dlq = dead_letters_to_an_exchange(
+        make_subscriber, run_service, lambda _r, _i: Reply(400)
     )
     long_id = "é" * 200  # 400 octets
     publish(svc.queue, b"{}", headers=event_headers(long_id))
