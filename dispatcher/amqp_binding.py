@@ -54,8 +54,6 @@ _ATTR_NAME: Final = re.compile(r"^[a-z0-9]{1,64}$")
 # had none as Go's zero instant, which Knative's SDK reads back as no time.
 _BARE_TRACE_CONTEXT: Final = frozenset({"traceparent", "tracestate"})
 _GO_ZERO_TIME: Final = "0001-01-01T00:00:00Z"
-# AMQP's short string, the type of the ``message_id`` property: at most 255 octets.
-_SHORT_STRING_OCTETS: Final = 255
 # Headers the broker adds or changes on redelivery; an id derived from them
 # would not be stable.
 _VOLATILE_HEADERS: Final = frozenset(
@@ -269,20 +267,6 @@ def _flat_repr(value: Any) -> str:
 
 
 # --------------------------------------------------------------------- Event -> AMQP
-
-
-def message_id(event_id: str) -> str | None:
-    """The ``message_id`` property an event is published with: its id, as Knative's
-    publishers set it (``CloudEventToRabbitMQMessage``) and its RabbitMQ source
-    reads it back. None for an id that does not fit a short string: an event id
-    has no length bound, and pika would refuse the whole publish."""
-    if len(event_id) * 4 <= _SHORT_STRING_OCTETS:  # UTF-8: at most 4 octets a character
-        return event_id
-    try:
-        octets = len(event_id.encode())
-    except UnicodeEncodeError:  # a lone surrogate: no id of a validated event has one
-        return None
-    return event_id if octets <= _SHORT_STRING_OCTETS else None
 
 
 def to_amqp_headers(event: Event) -> tuple[dict[str, str], str | None]:

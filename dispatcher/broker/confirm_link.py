@@ -62,6 +62,7 @@ _HEADER_FIELDS: Final = 12
 _FRAME_OVERHEAD: Final[int] = spec.FRAME_HEADER_SIZE + spec.FRAME_END_SIZE
 # Every property but the headers table, at its longest (short strings of 255 bytes).
 _OTHER_PROPERTIES: Final = 4096
+_SHORT_STRING_OCTETS: Final = 255
 
 
 def properties_size(properties: pika.BasicProperties, frame_max: int) -> int | None:
@@ -85,10 +86,30 @@ def properties_size(properties: pika.BasicProperties, frame_max: int) -> int | N
     return _FRAME_OVERHEAD + _HEADER_FIELDS + sum(map(len, encoded))
 
 
+def fits_short_string(text: str) -> bool:
+    """Whether pika can send ``text`` as an AMQP short string (a header name, the
+    ``message_id`` property): at most 255 octets of UTF-8. Past it pika refuses
+    the whole publish (``ShortStringTooLong``)."""
+    if len(text) * 4 <= _SHORT_STRING_OCTETS:  # UTF-8: at most 4 octets a character
+        return True
+    try:
+        return len(text.encode()) <= _SHORT_STRING_OCTETS
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 carries it
+        return False
+
+
+def message_id(event_id: str) -> str | None:
+    """The ``message_id`` property an event is published with: its id, as Knative's
+    publishers set it (``CloudEventToRabbitMQMessage``) and its RabbitMQ source
+    reads it back. None for an id that is not a short string: an event id has no
+    length bound, and the publish must not fail for it."""
+    return event_id if fits_short_string(event_id) else None
+
+
 def _long_name(headers: Mapping[str, object]) -> str | None:
-    """A header name longer than 255 bytes (a short string), which pika cannot send."""
+    """A header name that is not a short string, which pika cannot send."""
     for name in headers:
-        if len(name) > 63 and len(name.encode("utf-8")) > 255:
+        if not fits_short_string(name):
             return name
     return None
 

@@ -57,7 +57,7 @@ import pika
 import pika.exceptions
 
 from dispatcher import amqp_binding
-from dispatcher.broker.confirm_link import ConfirmLink
+from dispatcher.broker.confirm_link import ConfirmLink, message_id
 from dispatcher.broker.params import Node, Rotation, nodes, reconnect_backoff
 from dispatcher.broker.pika_loop import close_within
 from dispatcher.broker.refused_exchanges import RefusedExchanges
@@ -198,9 +198,9 @@ class Publisher:
         headers, content_type = amqp_binding.to_amqp_headers(event)
         if trace:
             headers.update(trace)
-        message_id = amqp_binding.message_id(event.id)
+        id_property = message_id(event.id)
         properties = pika.BasicProperties(
-            headers=headers, content_type=content_type, delivery_mode=2, message_id=message_id
+            headers=headers, content_type=content_type, delivery_mode=2, message_id=id_property
         )
         body = event.data or b""
         if self._link.too_large(properties) is not None:
@@ -208,7 +208,7 @@ class Publisher:
                 headers=dict(trace or {}),
                 content_type=STRUCTURED_CONTENT_TYPE,
                 delivery_mode=2,
-                message_id=message_id,
+                message_id=id_property,
             )
             body = to_json(event)
         # The event's identity, whatever the form: a return is matched to its publish

@@ -40,8 +40,7 @@ from typing import Any, Final, cast
 
 import pika
 
-from dispatcher.amqp_binding import message_id
-from dispatcher.broker.confirm_link import ConfirmLink
+from dispatcher.broker.confirm_link import ConfirmLink, message_id
 from dispatcher.broker.params import Node, Rotation, node_label
 from dispatcher.retry import Backoff
 

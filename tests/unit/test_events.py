@@ -8,8 +8,6 @@ import decimal
 import json
 from types import SimpleNamespace
 
-import pika
-import pika.exceptions
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -176,22 +174,6 @@ def test_bad_structured_messages(body, content_type, reason):
     with pytest.raises(EventError) as caught:
         amqp_binding.from_amqp(AmqpMessage(body, {}, content_type))
     assert reason in caught.value.reason
-
-
-@pytest.mark.parametrize(
-    "event_id",
-    ["e1", "x" * 255, "x" * 256, "\U0001f600" * 63, "\U0001f600" * 64, "é" * 127, "é" * 128],
-)
-def test_an_event_id_is_the_message_id_when_pika_can_encode_it(event_id):
-    """Knative's publishers set ``message_id`` to the event id; AMQP's short string
-    holds 255 octets, and an id beyond that must not cost the publish."""
-    found = amqp_binding.message_id(event_id)
-    try:
-        pika.BasicProperties(message_id=event_id).encode()
-    except pika.exceptions.ShortStringTooLong:
-        assert found is None
-    else:
-        assert found == event_id
 
 
 def test_wrapped_id_is_stable_across_redeliveries_and_distinct_per_body():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 
 import pika
+import pika.exceptions
 import pytest
 from pika import frame
 
-from dispatcher.broker.confirm_link import properties_size
+from dispatcher.broker.confirm_link import message_id, properties_size
 
 
 def _exact(properties: pika.BasicProperties) -> int:
@@ -41,3 +42,19 @@ def test_the_size_is_pikas_frame_or_none_only_when_it_surely_fits(seed: int) -> 
 def test_headers_it_cannot_bound_are_measured() -> None:
     properties = pika.BasicProperties(headers={"nested": {"n": list(range(10))}, "b": True})
     assert properties_size(properties, 131_072) == _exact(properties)
+
+
+@pytest.mark.parametrize(
+    "event_id",
+    ["e1", "x" * 255, "x" * 256, "\U0001f600" * 63, "\U0001f600" * 64, "é" * 127, "é" * 128],
+)
+def test_an_event_id_is_the_message_id_when_pika_can_encode_it(event_id):
+    """Knative's publishers set ``message_id`` to the event id; AMQP's short string
+    holds 255 octets, and an id beyond that must not cost the publish."""
+    found = message_id(event_id)
+    try:
+        pika.BasicProperties(message_id=event_id).encode()
+    except pika.exceptions.ShortStringTooLong:
+        assert found is None
+    else:
+        assert found == event_id
