@@ -9,7 +9,7 @@ import pika.exceptions
 import pytest
 from pika import frame
 
-from dispatcher.broker.confirm_link import message_id, properties_size
+from dispatcher.broker.confirm_link import fits_short_string, message_id, properties_size
 
 
 def _exact(properties: pika.BasicProperties) -> int:
@@ -58,3 +58,9 @@ def test_an_event_id_is_the_message_id_when_pika_can_encode_it(event_id):
         assert found is None
     else:
         assert found == event_id
+
+
+def test_text_no_utf8_carries_is_no_short_string() -> None:
+    # A lone surrogate past the 63-character short cut: refused, not raised.
+    assert not fits_short_string("\ud800" * 64)
+    assert message_id("\ud800" * 64) is None
