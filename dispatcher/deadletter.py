@@ -27,7 +27,7 @@ log = get_logger()
 
 ERROR_DATA_CHARS = 1024
 # 768 bytes are exactly 1024 base64 characters.
-_ERROR_DATA_BYTES = ERROR_DATA_CHARS // 4 * 3
+ERROR_DATA_BYTES = ERROR_DATA_CHARS // 4 * 3
 _REASON_CHARS = 512
 
 
@@ -47,7 +47,7 @@ def dead_letter_event(event: Event, destination: str, failure: Failure) -> Event
     extensions = {
         "knativeerrordest": redact_url(failure.destination or destination),
         "knativeerrorcode": str(status_field(failure.code)),
-        "knativeerrordata": base64.b64encode(failure.body[:_ERROR_DATA_BYTES]).decode("ascii"),
+        "knativeerrordata": base64.b64encode(failure.body[:ERROR_DATA_BYTES]).decode("ascii"),
     }
     stamped = event.with_extensions(extensions)
     return with_reason(stamped, failure.reason) if failure.reason else stamped

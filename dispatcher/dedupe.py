@@ -19,6 +19,12 @@ attempts at once: a first delivery whose key another attempt holds waits for
 it to end, then goes. Memory is bounded: at most ``capacity`` settled keys,
 oldest forgotten first.
 
+An attempt that ends unsettled may leave a ``Verdict`` (``verdicts``): what the
+subscriber's answers decided, which only a publish failed to carry out. It is
+remembered for ``dedupe_window`` too, and the claim of the event's next
+redelivery carries it (``Claim.verdict``): that delivery publishes again
+instead of asking the subscriber again.
+
 Every call runs on the engine loop's thread, so there are no locks; a waiter
 awaits a future, it does not hold a thread.
 
@@ -28,8 +34,10 @@ to any replica, usually another. Memory is asked first (this process's own
 attempts and settlements, answered at once), then the store: a redelivery
 finds there an event settled by any replica (ack, no request), a claim of a
 live owner (wait, bounded, polling; then ack if it settled, else give it back
-to the broker) or a claim whose owner died (its TTL passed: deliver). A store
-that does not answer leaves memory in charge, as without a store.
+to the broker) or a claim whose owner died (its TTL passed: deliver). A
+redelivery's claim in the store also reads the verdict an attempt on any
+replica left. A store that does not answer leaves memory in charge, as
+without a store.
 """
 
 from __future__ import annotations
@@ -43,10 +51,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from dispatcher import tracing
+from dispatcher import tracing, verdicts
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future
 from dispatcher.seams import ClaimStore, Found
+from dispatcher.verdicts import Verdict, VerdictMemory
 from dispatcher.waits import Waits
 
 log = get_logger()
@@ -64,6 +73,8 @@ class Claim:
     key: Key
     done: Future[bool] | None = None
     shared: tuple[str, str] | None = None  # (store key, owner value) when the store holds it
+    # A redelivery's: the fate an earlier attempt decided and could not carry out.
+    verdict: Verdict | None = None
 
 
 class MemoryDedupe:
@@ -73,6 +84,7 @@ class MemoryDedupe:
         self._capacity = capacity
         self._in_flight: dict[Key, Claim] = {}
         self._settled: OrderedDict[Key, float] = OrderedDict()  # key -> expiry, oldest first
+        self._verdicts = VerdictMemory(window, waits.time)
 
     @property
     def enabled(self) -> bool:
@@ -80,8 +92,9 @@ class MemoryDedupe:
 
     async def claim_or_wait(self, key: Key, wait: float) -> Claim | Found:
         """For a redelivery: ``"settled"`` if ``key`` was settled here (now or while
-        waiting for the attempt in flight), a new ``Claim`` if nobody holds it, or
-        ``"busy"`` if another attempt still holds it after ``wait`` or at shutdown.
+        waiting for the attempt in flight), a new ``Claim`` if nobody holds it (with
+        the verdict an earlier attempt left, if any), or ``"busy"`` if another
+        attempt still holds it after ``wait`` or at shutdown.
 
         Busy must never lead to a second request: the caller gives the message
         back to the broker instead.
@@ -93,7 +106,9 @@ class MemoryDedupe:
                 return "settled"
             holder = self._in_flight.get(key)
             if holder is None:
-                return self._new_claim(key)
+                claim = self._new_claim(key)
+                claim.verdict = self._verdicts.get(key)
+                return claim
             if holder.done is None:
                 holder.done = self._waits.future()
             tracing.note("claim wait", {"holder": "this process"})
@@ -127,9 +142,15 @@ class MemoryDedupe:
                 return "busy"
         return self._new_claim(key)
 
-    def release(self, claim: Claim, settled: bool) -> None:
+    def release(self, claim: Claim, settled: bool, verdict: Verdict | None = None) -> None:
+        """The attempt ended: ``settled``, or not, leaving ``verdict`` for the
+        redelivery to carry out (None: the next attempt decides afresh)."""
         if self._in_flight.get(claim.key) is claim:
             del self._in_flight[claim.key]
+        if settled:
+            self._verdicts.forget(claim.key)
+        elif verdict is not None:
+            self._verdicts.remember(claim.key, verdict)
         if settled:
             self._settled[claim.key] = self._waits.time() + self._window
             self._settled.move_to_end(claim.key)
@@ -209,7 +230,13 @@ class SharedDedupe:
         found = await self._local.claim_or_wait(key, wait)
         if not isinstance(found, Claim):
             return found
-        answer = await self._poll(found, deadline)
+        # This replica's own verdict is the newest there is; else the store's.
+        answer = await self._poll(found, deadline, read_verdict=found.verdict is None)
+        if isinstance(answer, bytes):
+            found.verdict = verdicts.decode(answer)
+            if found.verdict is None:
+                log.warning("unreadable verdict in the dedupe store: decided afresh", ce_id=key[1])
+            return found
         if answer == SETTLED:
             self._local.release(found, True)
             return "settled"
@@ -222,18 +249,24 @@ class SharedDedupe:
             log.info("redelivery decided by memory: the dedupe store did not answer", ce_id=key[1])
         return found
 
-    async def _poll(self, claim: Claim, deadline: float) -> int | None:
+    async def _poll(
+        self, claim: Claim, deadline: float, read_verdict: bool = False
+    ) -> int | bytes | None:
         """Claim in the store; while another replica's attempt holds the key, wait
         for it to settle, be released or expire, polling. HELD if it still holds it
-        at ``deadline`` (or at shutdown); None if the store never answered.
+        at ``deadline`` (or at shutdown); None if the store never answered. With
+        ``read_verdict``, a claim that finds a verdict left for the event answers
+        with it (bytes: claimed, and that verdict).
 
         Once another owner was seen, a store that stops answering is not a licence
         to send: that owner may still be at it, so the polls go on."""
         pause = FIRST_POLL
         held_elsewhere = False
         while True:
-            answer = await self._shared_claim(claim)
-            if answer in (CLAIMED, SETTLED) or (answer is None and not held_elsewhere):
+            answer = await self._shared_claim(claim, read_verdict)
+            if answer in (CLAIMED, SETTLED) or isinstance(answer, bytes):
+                return answer
+            if answer is None and not held_elsewhere:
                 return answer
             if not held_elsewhere:
                 tracing.note("claim wait", {"holder": "another replica"})
@@ -243,13 +276,16 @@ class SharedDedupe:
                 return HELD
             pause = min(pause * 2, MAX_POLL)
 
-    def release(self, claim: Claim, settled: bool) -> None:
-        self._local.release(claim, settled)
+    def release(self, claim: Claim, settled: bool, verdict: Verdict | None = None) -> None:
+        self._local.release(claim, settled, verdict)
         if claim.shared is not None:
             store_key, owner = claim.shared
-            self._store.settle(store_key, owner, settled, self._window)
+            left = None
+            if verdict is not None and not settled:
+                left = (_verdict_key(store_key), verdicts.encode(verdict))
+            self._store.settle(store_key, owner, settled, self._window, left)
 
-    async def _shared_claim(self, claim: Claim) -> int | None:
+    async def _shared_claim(self, claim: Claim, read_verdict: bool) -> int | bytes | None:
         # One owner value per claim, kept whatever the answer: a call that timed out
         # may still have been applied, and then the claim is ours to settle or
         # release (the scripts change a key only for its owner), and a later poll
@@ -257,8 +293,9 @@ class SharedDedupe:
         if claim.shared is None:
             claim.shared = (self._store_key(claim.key), f"{self._owner}{next(self._serial)}")
         store_key, owner = claim.shared
+        verdict_key = _verdict_key(store_key) if read_verdict else None
         # No timer here: the store answers every claim within its ANSWER_BOUND.
-        return await self._store.claim(store_key, owner, self._ttl)
+        return await self._store.claim(store_key, owner, self._ttl, verdict_key)
 
     def _store_key(self, key: Key) -> str:
         source, event_id = key
@@ -266,3 +303,9 @@ class SharedDedupe:
             f"{source}\0{event_id}".encode("utf-8", "surrogatepass"), digest_size=16
         ).hexdigest()
         return self._prefix + digest
+
+
+def _verdict_key(store_key: str) -> str:
+    """Where the store keeps the verdict an attempt left for an event: beside its
+    claim, with the binding's prefix (what a cleanup of the binding's keys finds)."""
+    return store_key + ":v"

@@ -17,6 +17,14 @@ responsibility for its event):
 - LEAVE the message unacked when shutdown interrupts a wait: the broker
   redelivers it, nothing is dead-lettered on the way out.
 
+Once the subscriber's answers decided the event's fate (dead-letter it, or
+forward its reply and ack), a message that goes back unsettled leaves that
+``Verdict`` behind (``verdicts``, kept with the dedupe memory), and its
+redelivery carries it out again without a request: a second dead letter or
+reply, never a second request (``_carry_out``). A reply that cannot be
+forwarded on a message whose channel has closed is left so, not retried:
+the broker's redelivery is the copy that forwards it.
+
 A reply that cannot be forwarded fails the attempt that produced it: the
 subscriber gets the event again within its retry budget, then the event is
 dead-lettered (``reply``). A 202 is never a reply (Knative's data plane).
@@ -70,6 +78,7 @@ from dispatcher.seams import (
     Target,
     status_field,
 )
+from dispatcher.verdicts import DeadLetter, ForwardReply, Verdict, dead_letter
 from dispatcher.waits import Waits
 
 log = get_logger()
@@ -84,6 +93,20 @@ class _Final:
     attempts: int
     status: int | None  # None: no HTTP status (timeout, transport error, our own decision)
     reason: str | None = None
+    # Unsettled, after the subscriber's answers decided the event's fate: that fate,
+    # for the redelivery to carry out.
+    verdict: Verdict | None = None
+
+
+@dataclass(slots=True)
+class _PendingReply:
+    """The reply of the delivery's latest 2xx while it has not been forwarded."""
+
+    reply: Event | None = None
+    status: int = 0
+
+    def verdict(self) -> ForwardReply | None:
+        return None if self.reply is None else ForwardReply(self.reply, self.status)
 
 
 # A span's outcome when the claim decided (no delivery line is written); LEAVE: none.
@@ -189,13 +212,15 @@ class Handler:
                     "channel closed before the request: left for redelivery", ce_id=event.id
                 )
             return _Final(Action.LEAVE, None, 0, None)
-        settled = False
+        settled, verdict = False, None
         try:
-            final = await self._conclude(event, problem, received, started, trace)
+            earlier = None if claim is None else claim.verdict
+            final = await self._conclude(event, problem, received, started, trace, earlier)
             settled = final.outcome in (Outcome.DELIVERED, Outcome.DEAD_LETTERED)
+            verdict = final.verdict
         finally:
             if claim is not None:
-                self._dedupe.release(claim, settled)
+                self._dedupe.release(claim, settled, verdict)
         if settled:
             self._returns.settled(event.key)
         self._record(received, event, final, started)
@@ -256,24 +281,51 @@ class Handler:
         received: Received,
         started: float,
         trace: Mapping[str, str],
+        verdict: Verdict | None,
     ) -> _Final:
         try:
+            if verdict is not None:
+                return await self._carry_out(event, verdict, received, started, trace)
             if problem is not None:
-                return await self._give_up(event, Failure(None, reason=problem), 0, None, trace)
+                return await self._dead_letter(event, Failure(None, reason=problem), 0, None, trace)
             return await self._deliver(event, trace, received.channel, started)
         except Exception as e:
             # A bug met by this message. Requeueing would meet it again forever;
             # dead-letter it with the reason instead, so the queue moves on.
             failure = Failure(None, reason=self._bug("delivering", e, event.id))
             try:
-                return await self._give_up(event, failure, 0, None, trace)
+                return await self._dead_letter(event, failure, 0, None, trace)
             except Exception:
                 # The event itself is what fails, its dead letter too: the message
                 # as received, wrapped as for one that cannot be read, is built
                 # from the broker's bytes alone and still goes.
                 self._log.exception("internal error while dead-lettering", ce_id=event.id)
                 wrapped = self._wrapped(received.message)
-                return await self._give_up(wrapped, failure, 0, None, trace)
+                return await self._dead_letter(wrapped, failure, 0, None, trace)
+
+    async def _carry_out(
+        self,
+        event: Event,
+        verdict: Verdict,
+        received: Received,
+        started: float,
+        trace: Mapping[str, str],
+    ) -> _Final:
+        """A redelivery of an event whose fate an earlier attempt decided: that fate
+        again, without a request (its line says ``attempts: 0``)."""
+        if isinstance(verdict, DeadLetter):
+            self._log.info("earlier verdict carried out: dead-letter", ce_id=event.id)
+            return await self._dead_letter(event, verdict.failure, 0, verdict.status, trace)
+        self._log.info("earlier verdict carried out: reply", ce_id=event.id)
+        refusal = await self._replier.send(verdict.reply, trace)
+        if refusal is None:
+            return _Final(Action.ACK, Outcome.DELIVERED, 0, verdict.status)
+        # Still not forwarded: Knative's rule for a reply that cannot be, the
+        # subscriber is asked again (and its new answer decides).
+        self._log.info(
+            "reply still not forwarded: delivering again", ce_id=event.id, error=refusal.reason
+        )
+        return await self._deliver(event, trace, received.channel, started)
 
     def _bug(self, doing: str, error: Exception, ce_id: str | None = None) -> str:
         """Log a bug met by one message; the reason it is dead-lettered with."""
@@ -324,11 +376,15 @@ class Handler:
         self, event: Event, trace: Mapping[str, str], channel: ChannelState, started: float
     ) -> _Final:
         request = http_binding.to_http(event, self._binding.content_mode, trace)
-        accept = partial(self._forward_reply, trace) if self._replier.enabled else None
+        pending = _PendingReply()
+        accept = partial(self._forward_reply, trace, pending) if self._replier.enabled else None
         outcome = await self._subscriber.send(request, accept, channel.is_open, started)
         last, refusal = outcome.last, outcome.refusal
         if outcome.result is Result.ABANDONED:
-            return _Final(Action.LEAVE, None, outcome.attempts, last.status)
+            # Shutdown, or the channel closed with a reply not forwarded: that
+            # reply is the redelivery's to forward.
+            verdict = pending.verdict()
+            return _Final(Action.LEAVE, None, outcome.attempts, last.status, verdict=verdict)
         if outcome.result is Result.RETURNED:
             # Held by the open circuit breaker as long as the broker lets a message
             # stay unacked: back to the queue, its retries unspent.
@@ -342,14 +398,20 @@ class Handler:
             failure = Failure(last.status, last.body, reason=None if last.status else last.error)
         elif refusal.retry and self._waits.given_up:
             # Shutdown cut the reply short: not the event's failure. Leave it.
-            return _Final(Action.LEAVE, None, outcome.attempts, last.status, refusal.reason)
+            verdict = pending.verdict()
+            return _Final(
+                Action.LEAVE, None, outcome.attempts, last.status, refusal.reason, verdict
+            )
         else:
             failure = Failure(refusal.status, refusal.body, refusal.reason, refusal.destination)
-        return await self._give_up(event, failure, outcome.attempts, last.status, trace)
+        return await self._dead_letter(event, failure, outcome.attempts, last.status, trace)
 
-    async def _forward_reply(self, trace: Mapping[str, str], last: Response) -> Refusal | None:
+    async def _forward_reply(
+        self, trace: Mapping[str, str], pending: _PendingReply, last: Response
+    ) -> Refusal | None:
         """Run by the subscriber's target on each 2xx: None when there is nothing to
-        forward or it was accepted."""
+        forward or it was accepted. A reply not forwarded stays ``pending``."""
+        pending.reply = None
         if last.status == 202:
             return None  # accepted for later: never a reply (Knative's data plane)
         headers = last.headers
@@ -367,9 +429,12 @@ class Handler:
             return Refusal(reason, retry=False, status=last.status, body=last.body)
         if reply is None:
             return None
-        return await self._replier.send(reply, trace)
+        refusal = await self._replier.send(reply, trace)
+        if refusal is not None and refusal.retry:
+            pending.reply, pending.status = reply, last.status or 0
+        return refusal
 
-    async def _give_up(
+    async def _dead_letter(
         self,
         event: Event,
         failure: Failure,
@@ -378,24 +443,26 @@ class Handler:
         trace: Mapping[str, str],
     ) -> _Final:
         """Dead-letter; if there is no target, reject; if every target failed,
-        requeue: never ack it. ``status``: the subscriber's last, for the line."""
+        requeue: never ack it. ``status``: the subscriber's last, for the line.
+        Unless it was acked, the verdict stays for the message's redelivery."""
         dead_letterer = self._dead_letterer
         if dead_letterer.has_target and await dead_letterer.send(event, failure, trace):
             return _Final(Action.ACK, Outcome.DEAD_LETTERED, attempts, status, failure.reason)
+        verdict = dead_letter(failure, status)
         reason = failure.reason or "delivery failed"
         if self._waits.given_up:
             # Shutdown cut a dead-letter attempt short: that is not a failure of
             # the message. Leave it for redelivery.
-            return _Final(Action.LEAVE, None, attempts, status, reason)
+            return _Final(Action.LEAVE, None, attempts, status, reason, verdict)
         if not dead_letterer.has_target:
             # As Knative drops it; the queue's own dead-letter exchange may still catch it.
             reason += "; no dead-letter target"
-            return _Final(Action.REJECT, Outcome.REJECTED, attempts, status, reason)
+            return _Final(Action.REJECT, Outcome.REJECTED, attempts, status, reason, verdict)
         reason += "; every dead-letter target failed"
         returned = self._returns.returned(event.key)
         if not await self._backed_off(self._binding.delivery.retry + returned):
-            return _Final(Action.LEAVE, None, attempts, status, reason)
-        return _Final(Action.REQUEUE, Outcome.REQUEUED, attempts, status, reason)
+            return _Final(Action.LEAVE, None, attempts, status, reason, verdict)
+        return _Final(Action.REQUEUE, Outcome.REQUEUED, attempts, status, reason, verdict)
 
     def _filtered(self, event: Event, redelivered: bool) -> None:
         """Not for this subscriber: acked unsent, counted, and no info-level line

@@ -14,7 +14,11 @@ Keys are ``dispatcher:dedupe:<binding>:<digest of source and id>``; a value is
 dead owner's claim ends) or ``s`` once the event is settled (expiring after
 the binding's ``dedupe_window``). Only the owner's own settlement changes its
 claim: the scripts compare the value, as a blind DEL or SET could end a claim
-that has since passed to another replica.
+that has since passed to another replica. Beside a claim, ``<key>:v`` may hold
+the verdict (``dispatcher.verdicts``) an attempt left when it ended unsettled,
+for ``dedupe_window``: written in the same pipeline before the claim's release,
+so a redelivery that claims the key next reads it (``GET``, in the pipeline of
+its claim).
 
 Failures never stop delivery. Every call has a short timeout
 (``CALL_TIMEOUT``, no retries); a failed call resolves its claims with
@@ -54,7 +58,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dispatcher.config import redact_url
-from dispatcher.dedupe import SETTLED
+from dispatcher.dedupe import CLAIMED, SETTLED
 from dispatcher.logs import get_logger
 from dispatcher.loop import Future, Loop, Timer
 from dispatcher.metrics import Metrics
@@ -136,7 +140,8 @@ class _Claim:
     key: str
     owner: str
     ttl_ms: int
-    future: Future[int | None]
+    future: Future[int | bytes | None]
+    verdict_key: str | None = None  # read with the claim (a redelivery's)
 
 
 @dataclass(slots=True)
@@ -152,6 +157,7 @@ class _Settle:
     owner: str
     settled: bool
     window_ms: int
+    verdict: tuple[str, bytes] | None = None  # (its key, its bytes): kept for the window
 
 
 class RedisClaims:
@@ -196,10 +202,13 @@ class RedisClaims:
 
     # ----------------------------------------------------------------- the loop thread
 
-    def claim(self, key: str, owner: str, ttl: float) -> Future[int | None]:
+    def claim(
+        self, key: str, owner: str, ttl: float, verdict_key: str | None = None
+    ) -> Future[int | bytes | None]:
         """1: claimed for ``owner``; 2: settled; 0: another owner holds it; None:
-        the store did not answer (resolved at once while it is known to be down)."""
-        future: Future[int | None] = self._loop.create_future()
+        the store did not answer (resolved at once while it is known to be down).
+        With ``verdict_key``: claimed, and the verdict found there (bytes)."""
+        future: Future[int | bytes | None] = self._loop.create_future()
         ttl_ms = max(1, round(ttl * 1000))
         self._live[key] = (owner, ttl_ms)  # renewed until settled, answered or not
         if self._renewal is None:
@@ -207,16 +216,25 @@ class RedisClaims:
         if not self.up:
             future.resolve(None)
             return future
-        self._new_claims.append(_Claim(key, owner, ttl_ms, future))
+        self._new_claims.append(_Claim(key, owner, ttl_ms, future, verdict_key))
         self._schedule()
         return future
 
-    def settle(self, key: str, owner: str, settled: bool, window: float) -> None:
-        """Mark the event settled for ``window`` (or release the claim); not awaited."""
+    def settle(
+        self,
+        key: str,
+        owner: str,
+        settled: bool,
+        window: float,
+        verdict: tuple[str, bytes] | None = None,
+    ) -> None:
+        """Mark the event settled for ``window`` (or release the claim, leaving
+        ``verdict`` for the window); not awaited."""
         live = self._live.get(key)
         if live is not None and live[0] == owner:
             del self._live[key]
-        self._new_settles.append(_Settle(key, owner, settled, max(1, round(window * 1000))))
+        window_ms = max(1, round(window * 1000))
+        self._new_settles.append(_Settle(key, owner, settled, window_ms, verdict))
         self._schedule()
 
     def _renew(self) -> None:
@@ -360,7 +378,7 @@ class RedisClaims:
             return
         self._set_up(True)
         if claims:
-            answers: list[tuple[Future[int | None], int | None]] = [
+            answers: list[tuple[Future[int | bytes | None], int | bytes | None]] = [
                 (c.future, found) for c, found in zip(claims, results, strict=True)
             ]
             self._loop.call_soon_threadsafe(_resolve_all, answers)
@@ -375,19 +393,36 @@ class RedisClaims:
 
     def _send(
         self, claims: list[_Claim], settles: list[_Settle], renews: list[_Renew]
-    ) -> list[int]:
+    ) -> list[int | bytes]:
         """The claims' answers. Renewals go first: a claim settled since its renewal
         was made is then settled after it, never written again over its release.
         Settlements go before claims: a retry in this process then finds its own
-        earlier attempt released, not still holding the key."""
+        earlier attempt released, not still holding the key. A verdict is written
+        before the settlements: a claim released with one is never free without it."""
         pipe = self._client.pipeline(transaction=False)
         skip = self._calls(pipe, _RENEW, [(r.key, (r.owner, r.ttl_ms)) for r in renews])
+        for s in settles:
+            if s.verdict is not None:
+                pipe.set(s.verdict[0], s.verdict[1], px=s.window_ms)
+                skip += 1
         skip += self._calls(
             pipe, _SETTLE, [(s.key, (s.owner, int(s.settled), s.window_ms)) for s in settles]
         )
-        self._calls(pipe, _CLAIM, [(c.key, (c.owner, c.ttl_ms)) for c in claims])
+        claimed = self._calls(pipe, _CLAIM, [(c.key, (c.owner, c.ttl_ms)) for c in claims])
+        for c in claims:
+            if c.verdict_key is not None:
+                pipe.get(c.verdict_key)
         results: list[Any] = pipe.execute()
-        return [int(found) for answers in results[skip:] for found in answers]
+        found: list[int | bytes] = [
+            int(answer) for answers in results[skip : skip + claimed] for answer in answers
+        ]
+        read = iter(results[skip + claimed :])  # one per claim that asked, in order
+        for index, c in enumerate(claims):
+            if c.verdict_key is not None:
+                verdict = next(read)
+                if verdict is not None and found[index] == CLAIMED:
+                    found[index] = bytes(verdict)
+        return found
 
     def _calls(self, pipe: Any, script: str, keyed: list[tuple[str, tuple[object, ...]]]) -> int:
         """``script`` on ``pipe`` for every (key, its arguments), ``CHUNK`` keys a
@@ -400,7 +435,10 @@ class RedisClaims:
 
     def _answer(self, claims: list[_Claim], value: int | None) -> None:
         if claims:
-            self._loop.call_soon_threadsafe(_resolve_all, [(c.future, value) for c in claims])
+            answers: list[tuple[Future[int | bytes | None], int | bytes | None]] = [
+                (c.future, value) for c in claims
+            ]
+            self._loop.call_soon_threadsafe(_resolve_all, answers)
 
     def _probe(self) -> None:
         """A claim on a key of its own, not a PING: a store out of memory or read-only
@@ -454,7 +492,7 @@ def _sha1(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()  # how Redis names a script
 
 
-def _resolve_all(answers: list[tuple[Future[int | None], int | None]]) -> None:
+def _resolve_all(answers: list[tuple[Future[int | bytes | None], int | bytes | None]]) -> None:
     """On the loop: one wake-up for a whole batch's answers, not one each."""
     for future, answer in answers:
         future.resolve(answer)

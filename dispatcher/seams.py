@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from dispatcher.dedupe import Claim, Key
     from dispatcher.events import AmqpMessage, Event, HttpRequestParts, Unreadable
     from dispatcher.loop import Future
+    from dispatcher.verdicts import Verdict
 
 
 def status_field(status: int | None) -> int:
@@ -191,7 +192,8 @@ class Dedupe(Protocol):
     def enabled(self) -> bool: ...
 
     async def claim_or_wait(self, key: Key, wait: float) -> Claim | Found:
-        """For a redelivery: settled already, a new claim, or still busy after ``wait``."""
+        """For a redelivery: settled already, a new claim (carrying the verdict an
+        earlier attempt left, if any), or still busy after ``wait``."""
         ...
 
     async def claim_first(self, key: Key, wait: float) -> Claim | Literal["busy"]:
@@ -199,17 +201,34 @@ class Dedupe(Protocol):
         waits for one that does); ``"busy"`` if that one still runs after ``wait``."""
         ...
 
-    def release(self, claim: Claim, settled: bool) -> None: ...
+    def release(self, claim: Claim, settled: bool, verdict: Verdict | None = None) -> None:
+        """The attempt ended, settled or not; an unsettled one may leave the
+        ``verdict`` its redelivery carries out."""
+        ...
 
 
 class ClaimStore(Protocol):
     """What ``SharedDedupe`` needs of the store every replica shares."""
 
-    def claim(self, key: str, owner: str, ttl: float) -> Future[int | None]:
-        """Resolved in every case, within a bounded time (``None``: no answer)."""
+    def claim(
+        self, key: str, owner: str, ttl: float, verdict_key: str | None = None
+    ) -> Future[int | bytes | None]:
+        """Resolved in every case, within a bounded time (``None``: no answer).
+        With ``verdict_key``, a claim made that finds a verdict there answers with
+        its bytes."""
         ...
 
-    def settle(self, key: str, owner: str, settled: bool, window: float) -> None: ...
+    def settle(
+        self,
+        key: str,
+        owner: str,
+        settled: bool,
+        window: float,
+        verdict: tuple[str, bytes] | None = None,
+    ) -> None:
+        """Settle or release; ``verdict`` (its key, its bytes) is kept for ``window``,
+        written before the claim is released."""
+        ...
 
 
 # --------------------------------------------------------------------------

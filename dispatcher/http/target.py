@@ -150,7 +150,13 @@ class HttpTarget:
             if wait is None:
                 return Sent(Result.FAILED, response, made, refusal)
             tracing.note("retry wait", {"seconds": round(wait, 6), "attempt": made})
-            if not await waits.sleep(wait):
+            # After the wait, a 2xx whose reply was not forwarded is sent again only
+            # while the message is still ours: with its channel gone, the broker's
+            # redelivery forwards that reply (the handler's verdict), and a request
+            # now would be its twin.
+            if not await waits.sleep(wait) or (
+                refusal is not None and wanted is not None and not wanted()
+            ):
                 return Sent(Result.ABANDONED, response, made, refusal)
 
     async def _admit(self, since: float, wanted: Callable[[], bool] | None) -> Pass | Result:

@@ -244,7 +244,10 @@ def test_tls_with_a_client_certificate(
 def test_a_resource_alarm_cannot_hang_dead_lettering(
     live_node: RabbitNode, make_subscriber, run_service
 ):
-    """Connection.Blocked hangs publishes forever without blocked_connection_timeout."""
+    """Connection.Blocked hangs publishes forever without blocked_connection_timeout.
+    Without duplicate suppression (``dedupe_window: 0``) no verdict is kept, so the
+    redelivery asks the subscriber again and its 200 needs no publish: only the
+    publisher's probe can then tell that the alarm is over."""
     alarm_on, alarm_off = threading.Event(), threading.Event()
 
     def refuse_while_alarmed(_r: Received, _i: int) -> Reply:
@@ -257,6 +260,7 @@ def test_a_resource_alarm_cannot_hang_dead_lettering(
         sub.url,
         url=live_node.url,
         broker_settings={"blocked_timeout": "2s"},
+        dedupe_window=0,
         dead_letter={"exchange": dlx},
         extra_queues=[dlq],
         extra_exchanges=[dlx],

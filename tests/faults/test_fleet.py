@@ -308,3 +308,44 @@ def test_a_delivery_settled_while_another_replica_held_the_claim_is_never_sent_a
 
 def attached(replica: DispatcherProcess) -> int:
     return sum(1 for line in replica.lines if line.get("event") == "consumer attached")
+
+
+def test_a_dead_letter_whose_confirm_was_lost_is_carried_out_by_the_other_replica(
+    fleet, make_subscriber
+):
+    """Issue 45 across replicas. The owner's dead letter reaches the broker, its
+    confirm does not, and the owner loses the broker: the message goes back and is
+    redelivered to the other replica. The owner left the verdict (dead-letter, with
+    the subscriber's 400) in the store beside its claim; the other finds it with its
+    claim and publishes the dead letter again: a second dead letter, never a second
+    request, and never an event both delivered and dead-lettered."""
+    sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
+    dlx, dlq = broker.declare_fanout_with_queue(prefix="fleetdl")
+    brokers = {name: FaultProxy(5672, drop_confirms=True) for name in ("a", "b")}
+    try:
+        replicas = {}
+        for name, proxy in brokers.items():
+            config = fleet_config(
+                fleet["queue"], sub.url, fleet["binding"], proxy.url, SHARED_URL, name, "5s"
+            )
+            config["bindings"][0]["dead_letter"] = {"exchange": dlx}
+            replicas[name] = fleet["start"](name, config)
+        for replica in replicas.values():
+            replica.wait_for("consumer attached", binding=fleet["binding"])
+        publish(fleet["queue"], headers=event_headers("fleet-5"))
+        owner, other = owner_of(sub.wait_for(1), "fleet-5")
+        wait_until(lambda: queue_depth(dlq) == 1, 10, "the dead letter in its queue")
+        brokers[other].pass_confirms()
+        brokers[owner].blackhole()  # its reconnects hang: the broker redelivers elsewhere
+        brokers[owner].reset_all()
+        line = replicas[other].wait_for("delivery", timeout=30, ce_id="fleet-5")
+        assert (line["outcome"], line["attempts"], line["status"]) == ("dead_lettered", 0, 400)
+        wait_until(lambda: queue_depth(fleet["queue"]) == 0, 10, "the queue to drain")
+        assert [(r.headers["ce-id"], r.headers["x-replica"]) for r in sub.requests] == [
+            ("fleet-5", owner)
+        ]
+        assert [p.headers["ce-knativeerrorcode"] for p, _ in broker.get_all(dlq)] == ["400"] * 2
+    finally:
+        for proxy in brokers.values():
+            proxy.close()
+        broker.delete([dlq], [dlx])

@@ -315,15 +315,18 @@ def test_exhausted_retries_dead_letter_to_an_exchange_with_confirms(make_subscri
 
 
 def test_failed_dead_letter_is_never_acked_but_requeued(make_subscriber, run_service):
-    """Sink down, no DLX: the message must come back, not be lost (invariant 1)."""
+    """Sink down, no DLX: the message must come back, not be lost (invariant 1), and
+    the subscriber's answer stands: its redeliveries try the dead letter again, not
+    the request (issue 45), until the sink takes it."""
     sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
-    sink = make_subscriber(lambda _r, _i: Reply(500))
+    sink = make_subscriber(lambda _r, i: Reply(500) if i < 2 else Reply(200))
     svc = run_service(sub.url, delivery={"retry": 0}, dead_letter={"sink": sink.url})
     publish(svc.queue, headers=event_headers("k-1"))
-    svc.wait_events("requeued", 1)
-    svc.wait_events("delivered", 1)  # the redelivery got the 200
-    assert svc.events("dead_lettered") == 0
-    assert sub.ids() == ["k-1", "k-1"]
+    svc.wait_events("dead_lettered", 1)
+    assert svc.events("requeued") == 2
+    assert svc.events("delivered") == 0
+    assert sub.ids() == ["k-1"]
+    assert [r.headers["ce-knativeerrorcode"] for r in sink.requests] == ["400"] * 3
 
 
 def test_no_target_and_a_queue_dlx_rejects_into_the_dlx(make_subscriber, run_service):

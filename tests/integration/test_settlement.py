@@ -36,7 +36,8 @@ def test_every_dead_letter_target_down_requeues_with_a_wait_that_grows(
 ):
     """The sink refuses three times: the event goes back to the queue three times,
     each time after a longer wait (200 ms, 400 ms, 800 ms, give or take 20 %),
-    never in a tight loop, then the sink takes it."""
+    never in a tight loop, then the sink takes it. The subscriber's one answer
+    stands: each redelivery only tries the dead letter again (issue 45)."""
     sub = make_subscriber(lambda _r, _i: Reply(400))
     sink = make_subscriber(lambda _r, i: Reply(500) if i < 3 else Reply(200))
     svc = run_service(
@@ -46,7 +47,8 @@ def test_every_dead_letter_target_down_requeues_with_a_wait_that_grows(
     )
     publish(svc.queue, headers=event_headers("g-1"))
     svc.wait_events("dead_lettered", 1, timeout=20)
-    arrivals = [request.at for request in sub.requests]
+    assert len(sub.requests) == 1
+    arrivals = [request.at for request in sink.requests]
     assert len(arrivals) == 4
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     for gap, wait in zip(gaps, (0.2, 0.4, 0.8), strict=True):
@@ -56,21 +58,30 @@ def test_every_dead_letter_target_down_requeues_with_a_wait_that_grows(
 
 
 def test_unroutable_dead_letter_is_not_accepted(make_subscriber, run_service):
-    """An exchange with no bound queue would drop the letter: mandatory makes that a failure."""
+    """An exchange with no bound queue would drop the letter: mandatory makes that a
+    failure. The message goes back until a queue is bound, the subscriber's one
+    answer standing: the dead letter is what is tried again, not the request."""
     sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
-    exchange = broker.unique("nowhere")
+    exchange, letters = broker.unique("nowhere"), broker.unique("letters")
     with broker.channel() as ch:
         ch.exchange_declare(exchange, "direct")
+        ch.queue_declare(letters)
     svc = run_service(
         sub.url,
         delivery={"retry": 0},
         dead_letter={"exchange": exchange},
+        extra_queues=[letters],
         extra_exchanges=[exchange],
     )
     publish(svc.queue, headers=event_headers("u-1"))
-    svc.wait_events("delivered", 1)
-    assert svc.events("requeued") == 1
+    wait_until(lambda: svc.events("requeued") >= 2, message="the event back twice")
     assert svc.events("dead_lettered") == 0
+    with broker.channel() as ch:
+        ch.queue_bind(letters, exchange, routing_key="")
+    svc.wait_events("dead_lettered", 1)
+    assert sub.ids() == ["u-1"]
+    assert svc.events("delivered") == 0
+    assert queue_depth(letters) == 1
 
 
 def test_inflight_gauge_follows_deliveries(make_subscriber, run_service):

@@ -18,10 +18,12 @@ import redis
 import structlog
 from prometheus_client import generate_latest
 
+from dispatcher.deadletter import Failure
 from dispatcher.dedupe import Claim, MemoryDedupe, SharedDedupe
 from dispatcher.loop import Loop
 from dispatcher.metrics import Metrics
 from dispatcher.redis_claims import CALL_TIMEOUT, RedisClaims
+from dispatcher.verdicts import DeadLetter
 from dispatcher.waits import Waits
 from tests.support.broker import event_headers, publish, unique
 from tests.support.node import free_port
@@ -103,6 +105,25 @@ def test_a_released_claim_passes_to_the_redelivery(loop, replicas) -> None:
     loop.call_later(0.2, a.dedupe.release, claim, False)  # failed: left to the broker
     found = run(loop, b.dedupe.claim_or_wait(KEY, 10.0))
     assert isinstance(found, Claim) and found.shared is not None
+
+
+def test_a_verdict_left_by_one_replica_is_the_redeliverys_on_another(loop, replicas, binding):
+    """Issue 45: A's attempt ends unsettled after the subscriber's answer decided the
+    event's fate; B's redelivery claims the event and finds that verdict with its
+    claim, in the same round trip. A first delivery's claim (a publisher's copy)
+    reads none."""
+    a, b = replicas(), replicas()
+    verdict = DeadLetter(Failure(400, b"no", "refused", None), 400)
+    claim = run(loop, a.dedupe.claim_first(KEY, 30.0))
+    a.dedupe.release(claim, False, verdict)
+    found = run(loop, b.dedupe.claim_or_wait(KEY, 10.0))
+    assert isinstance(found, Claim) and found.verdict == verdict
+    b.dedupe.release(found, False)
+    first = run(loop, replicas().dedupe.claim_first(KEY, 10.0))
+    assert isinstance(first, Claim) and first.verdict is None
+    keys = binding_keys(binding)
+    [verdict_key] = [key for key in keys if key.endswith(":v")]
+    assert redis.Redis.from_url(SHARED_URL).pttl(verdict_key) > 50_000  # the window, 60 s
 
 
 def test_a_live_owner_past_the_wait_gives_busy_and_keeps_its_claim(loop, replicas, binding) -> None:

@@ -5,7 +5,10 @@ RabbitMQ node and redis-server of the soak's own (the machine's shared ones
 are never touched), a durable queue with a dead-letter exchange, two replicas
 that reach the broker and the store each through fault proxies of their own,
 a subscriber in this process, and a publisher with confirms at a steady rate.
-For ``--minutes`` a seeded schedule injects one fault at a time: a replica's
+The subscriber refuses one event in ``REFUSED`` (400: dead-lettered at once, by a
+confirmed publish to the binding's dead-letter exchange), so dead letters are in
+flight whenever a broker fault comes. For ``--minutes`` a seeded schedule injects
+one fault at a time: a replica's
 broker connection reset or black-holed, the broker stopped and started, a
 server-side close of every connection, the subscriber failing or slow, the
 store black-holed (for one replica or both) or restarted empty, a replica
@@ -44,6 +47,7 @@ from tests.support.redis_server import RedisServer
 
 QUEUE, DLX, DLQ = "soak", "soak.dlx", "soak.dlq"
 REPLICAS = ("a", "b")
+REFUSED = 40  # one event in this many is answered 400, whatever the subscriber's mode
 
 
 class Fleet:
@@ -76,6 +80,8 @@ class Fleet:
     def _answer(self, event_id: str, replica: str) -> tuple[int, float]:
         mode = self.subscriber_mode
         status = 503 if mode == "down" else 200
+        if event_id.startswith("soak-") and int(event_id[5:]) % REFUSED == 0:
+            status = 400
         with self._lock:
             self.ledger.requests.append(Request(event_id, replica, time.monotonic(), status))
         # Slow, but within the attempt's timeout: a request that timed out and
@@ -103,6 +109,7 @@ class Fleet:
                     "parallelism": 20,
                     "headers": {"X-Replica": name},
                     "dedupe_window": "2h",
+                    "dead_letter": {"exchange": DLX},
                     "delivery": {
                         "retry": 3,
                         "timeout": "3s",

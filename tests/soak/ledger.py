@@ -1,10 +1,12 @@
 """The soak's ledger: what was published, what the subscriber answered, what was
 dead-lettered, and every duplicate sorted by the fault window it falls in.
 
-A duplicate is an event the subscriber answered 2xx more than once. Some are
-docs/guarantees.md's "Duplicates remain possible" cases, and are classified so; any
-other is ``unexplained``, and fails the soak, as does any event lost (confirmed
-by the broker, then neither delivered nor dead-lettered).
+A duplicate is an event whose fate was decided more than once: the subscriber
+answered it 2xx more than once, or answered it 2xx and it was dead-lettered too
+(after another answer that decided so: issue 45). Some are docs/guarantees.md's
+"Duplicates remain possible" cases, and are classified so; any other is
+``unexplained``, and fails the soak, as does any event lost (confirmed by the
+broker, then neither delivered nor dead-lettered).
 """
 
 from __future__ import annotations
@@ -46,15 +48,22 @@ class Ledger:
 
     def report(self) -> dict[str, Any]:
         answered: dict[str, list[Request]] = defaultdict(list)
-        for request in self.requests:
+        refused: dict[str, Request] = {}  # the latest answer that was not a 2xx
+        for request in sorted(self.requests, key=lambda r: r.at):
             if 200 <= request.status < 300:
                 answered[request.event_id].append(request)
+            else:
+                refused[request.event_id] = request
         delivered = set(answered)
         lost = sorted(self.confirmed - delivered - self.dead_lettered)
         duplicates = []
-        for event_id, found in sorted(answered.items()):
+        for event_id, answers in sorted(answered.items()):
+            found = answers
+            if event_id in self.dead_lettered and event_id in refused:
+                # Delivered and dead-lettered: the answer that dead-lettered it was
+                # one fate, each 2xx another.
+                found = sorted([*answers, refused[event_id]], key=lambda r: r.at)
             if len(found) > 1:
-                found.sort(key=lambda r: r.at)
                 duplicates.append(
                     {
                         "id": event_id,
@@ -68,8 +77,10 @@ class Ledger:
         faults: dict[str, int] = defaultdict(int)
         for fault in self.faults:
             faults[fault.kind] += 1
+        both = delivered & self.dead_lettered
         return {
             "published_confirmed": len(self.confirmed),
+            "delivered_and_dead_lettered": len(both & self.confirmed),
             "delivered": len(delivered & self.confirmed),
             "dead_lettered": len(self.dead_lettered & self.confirmed),
             "requests": len(self.requests),
@@ -120,6 +131,7 @@ def table(report: dict[str, Any]) -> str:
         ("published, confirmed", report["published_confirmed"]),
         ("delivered (2xx)", report["delivered"]),
         ("dead-lettered", report["dead_lettered"]),
+        ("delivered and dead-lettered", report["delivered_and_dead_lettered"]),
         ("requests to the subscriber", report["requests"]),
         ("lost", len(report["lost"])),
     ]

@@ -48,3 +48,17 @@ def test_an_event_neither_delivered_nor_dead_lettered_is_lost() -> None:
     ledger.confirmed.add("f")
     ledger.dead_lettered = {"f"}
     assert ledger.report()["lost"] == ["e"]
+
+
+def test_an_event_delivered_and_dead_lettered_is_a_duplicate() -> None:
+    """Issue 45: the subscriber's 400 dead-lettered it, and a redelivery asked again
+    and got a 2xx. Its replica killed after the first answer explains it; nothing
+    else does. An event only dead-lettered is no duplicate."""
+    ledger = ledger_with([("e", "a", 10.0, 400), ("e", "b", 12.0, 200), ("f", "a", 10.0, 400)])
+    ledger.dead_lettered = {"e", "f"}
+    report = ledger.report()
+    assert [(d["id"], d["class"]) for d in report["duplicates"]] == [("e", "unexplained")]
+    assert report["delivered_and_dead_lettered"] == 1
+    assert report["lost"] == []
+    ledger.faults.append(Fault("replica-sigkill", "a", 10.5, 11.0))
+    assert classes(ledger) == ["sigkill"]

@@ -9,7 +9,8 @@ without losing it, until ``release()`` (``held_bytes`` says whether anything
 came meanwhile): a request that reaches its server late, in a known order.
 ``drop_confirms=True`` passes every frame but the broker's ``basic.ack``: a
 broker that stays up and never confirms, as a quorum queue without a majority
-does.
+does; ``pass_confirms()`` lets them through again (for connections made after,
+and for those already open).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class FaultProxy:
     def restore(self) -> None:
         with self._lock:
             self._blackhole = False
+
+    def pass_confirms(self) -> None:
+        self._drop_confirms = False
 
     def hold(self) -> None:
         with self._lock:
@@ -124,8 +128,8 @@ class FaultProxy:
                     data = sock.recv(65536)
                     if data and sock is client and self._keep_held(upstream, data):
                         continue
-                    if data and sock is upstream and self._drop_confirms:
-                        data, downstream = _without_acks(downstream + data)
+                    if data and sock is upstream and (self._drop_confirms or downstream):
+                        data, downstream = self._confirms_dropped(downstream + data)
                         if not data:
                             continue
                     if data and not silent:
@@ -144,6 +148,12 @@ class FaultProxy:
                 for sock in (client, upstream):
                     with contextlib.suppress(OSError):
                         sock.close()
+
+    def _confirms_dropped(self, stream: bytes) -> tuple[bytes, bytes]:
+        """What of the broker's ``stream`` to pass on now, and what to keep for later."""
+        if self._drop_confirms:
+            return _without_acks(stream)
+        return stream, b""  # confirms pass again: what was cut mid-frame goes first
 
     def _keep_held(self, upstream: socket.socket, data: bytes) -> bool:
         with self._lock:

@@ -149,14 +149,16 @@ class FakeStore:
         self.claims: list[tuple[str, str]] = []
         self.settles: list[tuple[str, str, bool]] = []
 
-    def claim(self, key: str, owner: str, ttl: float) -> Any:
+    def claim(self, key: str, owner: str, ttl: float, verdict_key: str | None = None) -> Any:
         self.claims.append((key, owner))
         answer = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
         future = self._loop.create_future()
         self._loop.call_soon(future.resolve, answer)
         return future
 
-    def settle(self, key: str, owner: str, settled: bool, window: float) -> None:
+    def settle(
+        self, key: str, owner: str, settled: bool, window: float, verdict: Any = None
+    ) -> None:
         self.settles.append((key, owner, settled))
 
 

@@ -242,6 +242,22 @@ def test_a_refused_2xx_is_a_failed_attempt_within_the_same_retry_budget(client, 
     assert seen == [200, 200, 200]
 
 
+def test_a_refused_2xx_is_not_sent_again_once_its_message_is_gone(client, subscriber):
+    """The reply was not forwarded and, by the end of the retry wait, the message's
+    channel has closed: the broker's redelivery is the copy that forwards the reply
+    (issue 45), so no second request goes from here."""
+    refusal = Refusal("reply publish failed: connection lost", retry=True)
+    accept, seen = refusing(refusal)
+    gone = target(client, subscriber.url, retry=5)
+    outcome = client.loop.run_until_complete(gone.send(REQUEST, accept, lambda: False))
+    assert (outcome.result, outcome.attempts, outcome.refusal) == (Result.ABANDONED, 1, refusal)
+    assert len(subscriber.requests) == len(seen) == 1
+    # A retry for the subscriber's own failure is not the reply's: it goes on.
+    failing = target(client, "http://127.0.0.1:9/", retry=1)
+    outcome = client.loop.run_until_complete(failing.send(REQUEST, None, lambda: False))
+    assert (outcome.result, outcome.attempts) == (Result.FAILED, 2)
+
+
 def test_a_refusal_that_no_attempt_can_mend_ends_at_once(client, subscriber):
     refusal = Refusal("invalid reply: no id", retry=False, status=200)
     accept, _seen = refusing(refusal)

@@ -52,7 +52,7 @@ class ClaimThenShutdown:
         self._waits.give_up()
         return Claim(key)
 
-    def release(self, claim: Claim, settled: bool) -> None:
+    def release(self, claim: Claim, settled: bool, verdict: Any = None) -> None:
         self.released.append((claim, settled))
 
 

@@ -165,7 +165,7 @@ class ScriptedDedupe:
     async def claim_first(self, key: Key, wait: float) -> Claim | Found:
         return Claim(key)
 
-    def release(self, claim: Claim, settled: bool) -> None:
+    def release(self, claim: Claim, settled: bool, verdict: Any = None) -> None:
         self.released.append((claim.key, settled))
 
 
