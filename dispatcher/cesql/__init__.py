@@ -4,6 +4,18 @@
 compiles it into closures (``compiler.py``); casts and errors are in
 ``values.py``, the built-in functions in ``functions.py``. A filter passes an
 event when the expression returns ``true`` with no error (spec section 1.2).
+
+An expression that is one attribute alone (``mybool``) is the one whose value's
+type comes from the event, not from the expression: the specification's test
+kit passes an event whose extension ``mybool`` is the JSON Boolean ``true``.
+The service reads every attribute as the string that would be sent
+(``Event.attributes``), whatever its content mode carried (a JSON Boolean in
+structured mode, an AMQP boolean or the text ``true`` as a binary header), so
+such a filter reads that value as a Boolean by the implicit cast (section
+3.7: ``"true"`` or ``"false"`` in any case; anything else is a cast error and
+does not pass). Every other expression's value is what it returns, and one
+that is not a Boolean never passes (``STRING(TRUE)`` is the String
+``'true'``).
 """
 
 from __future__ import annotations
@@ -25,7 +37,15 @@ from lark import (
 from lark.exceptions import VisitError
 
 from dispatcher.cesql.compiler import Attributes, Compiler, Node, _unsigned_min
-from dispatcher.cesql.values import ZERO, CesqlError, ErrorKind, EvalError, Value
+from dispatcher.cesql.values import (
+    ZERO,
+    CastFailed,
+    CesqlError,
+    ErrorKind,
+    EvalError,
+    Value,
+    to_bool,
+)
 
 __all__ = ["MAX_DEPTH", "CesqlError", "Expression", "parse"]
 
@@ -38,11 +58,20 @@ class Expression:
     # here, as the specification says, but right to left by Knative's filter.
     ungrouped_logic: bool
 
+    @property
+    def attribute_alone(self) -> str | None:
+        """The attribute's name when the expression is one attribute alone."""
+        return self._root.attribute
+
     def passes(self, attributes: Attributes) -> bool:
-        """The filter: true only for a Boolean true reached without an error."""
+        """The filter: true only for a Boolean true reached without an error (an
+        attribute alone: its value read as a Boolean, see above)."""
         try:
-            return self._root.run(attributes) is True
-        except EvalError:
+            value = self._root.run(attributes)
+            if self._root.attribute is not None and type(value) is str:
+                return to_bool(value)
+            return value is True
+        except (EvalError, CastFailed):
             return False
 
     def evaluate(self, attributes: Attributes) -> tuple[Value, ErrorKind | None]:

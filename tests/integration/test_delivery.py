@@ -278,6 +278,30 @@ def test_cesql_filters_pass_and_filter_events(make_subscriber, run_service):
     assert svc.events("dead_lettered") == 0
 
 
+def test_a_cesql_filter_of_one_boolean_extension_passes_it_in_every_content_mode(
+    make_subscriber, run_service
+):
+    """Issue 41, the test kit's ``mybool`` on the real broker: the extension as a JSON
+    Boolean (structured), as an AMQP boolean header and as the text a Knative ingress
+    writes (binary) reaches the subscriber; false, text that is no Boolean, and no
+    extension at all are filtered."""
+    sub = make_subscriber()
+    svc = run_service(sub.url, filters=[{"cesql": "mybool"}])
+    structured = {"specversion": "1.0", "source": "/tests", "type": "t", "data": {}}
+    for event_id, value in (("json-true", True), ("json-false", False)):
+        body = json.dumps({**structured, "id": event_id, "mybool": value}).encode()
+        publish(svc.queue, body, content_type="application/cloudevents+json")
+    for event_id, value in (("amqp-true", True), ("text-true", "true"), ("text-TRUE", "TRUE")):
+        publish(svc.queue, headers={**event_headers(event_id), "ce-mybool": value})
+    for event_id, value in (("amqp-false", False), ("text-yes", "yes"), ("text-1", "1")):
+        publish(svc.queue, headers={**event_headers(event_id), "ce-mybool": value})
+    publish(svc.queue, headers=event_headers("absent"))
+    svc.wait_events("delivered", 4)
+    svc.wait_events("filtered", 5)
+    wait_until(lambda: queue_depth(svc.queue) == 0, 10, "the queue to drain")
+    assert sorted(sub.ids()) == ["amqp-true", "json-true", "text-TRUE", "text-true"]
+
+
 def dead_letters_to_an_exchange(
     make_subscriber: Any, run_service: Any, answer: Callable[..., Reply], **service: Any
 ) -> tuple[Any, Any, str]:

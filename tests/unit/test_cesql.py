@@ -79,6 +79,37 @@ def test_a_filter_passes_only_a_true_without_errors(expression: str, expected: b
     assert passes(expression) is expected
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),  # a test kit's event: the JSON Boolean itself
+        (False, False),
+        ("true", True),  # the service's events: every attribute the text it was sent as
+        ("TRUE", True),  # the implicit cast reads "true" and "false" in any case
+        ("False", False),
+        ("yes", False),  # a cast error
+        ("1", False),
+        ("", False),
+        (1, False),  # an Integer is no Boolean: the kit makes ``NOT 10`` a cast error
+    ],
+)
+def test_an_attribute_alone_is_read_as_a_boolean(value: Any, expected: bool) -> None:
+    """Issue 41: a filter that is one attribute alone (the test kit's ``mybool``)
+    passes when that attribute is a Boolean true, however the event carried it;
+    parenthesised it is the same expression. An attribute that is absent fails."""
+    attributes = {**EVENT, "mybool": value}
+    assert passes("mybool", attributes) is expected
+    assert passes("(mybool)", attributes) is expected
+    assert passes("mybool", EVENT) is False
+
+
+@pytest.mark.parametrize("expression", ["STRING(TRUE)", "UPPER(flag)", "'true'", "LOWER('TRUE')"])
+def test_any_other_value_that_is_not_a_boolean_never_passes(expression: str) -> None:
+    """Only an attribute's value takes its type from the event: what an expression
+    computes is the type it computes, and a String is no filter's true (spec 1.2)."""
+    assert passes(expression) is False
+
+
 def test_and_or_xor_are_evaluated_left_to_right() -> None:
     """One precedence level, left to right (spec section 3.6). Knative's filter (the
     Go SDK, from the ANTLR grammar) groups them from the right: ``TRUE OR TRUE
@@ -212,11 +243,21 @@ def test_nothing_but_a_compile_error_leaves_parse_and_nothing_leaves_a_filter(
     value, error = expression.evaluate(attributes)
     assert type(value) in (bool, int, str)
     # The filter's fast paths agree with the exact evaluation.
-    assert expression.passes(attributes) is (value is True and error is None)
+    assert expression.passes(attributes) is verdict(expression, value, error)
     for name, attribute in attributes.items():  # and with every value as a string
         attributes[name] = str(attribute).lower() if type(attribute) is bool else str(attribute)
     value, error = expression.evaluate(attributes)
-    assert expression.passes(attributes) is (value is True and error is None)
+    assert expression.passes(attributes) is verdict(expression, value, error)
+
+
+def verdict(expression: Any, value: Any, error: str | None) -> bool:
+    """What a filter decides from the exact evaluation: a Boolean true without an
+    error, or, for an attribute alone, its value read as a Boolean (issue 41)."""
+    if error is not None:
+        return False
+    if expression.attribute_alone is not None and type(value) is str:
+        return value.lower() == "true"
+    return value is True
 
 
 @pytest.mark.parametrize(
