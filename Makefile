@@ -115,6 +115,12 @@ schema: $(VENV)/.installed
 	$(PY) -m dispatcher.config.schema
 	$(PY) -m dispatcher.config.reference
 
+# docs/modules.md, from the first line of each module's docstring
+# (tests/unit/test_module_map.py fails when it is stale).
+.PHONY: modules
+modules: $(VENV)/.installed
+	$(PY) -m tests.support.module_map
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dispatcher tests cmd
 	$(VENV)/bin/ruff format --check dispatcher tests cmd

@@ -229,7 +229,7 @@ def _batch(args: argparse.Namespace) -> int:
     ``LOG_FORMAT``), the first SIGTERM/SIGINT asks the job to stop (Spark jobs are
     cancelled) and a second exits at once, errors are one ``dispatcher: `` line on
     stderr, exit codes are the contract's: 0 done, 2 cannot start, 1 not finished."""
-    from dispatcher import logs
+    from dispatcher.observe import logs
 
     try:
         # report publishes nothing: a broker setting it cannot use must not stop it.
@@ -254,7 +254,7 @@ def _finish(
 ) -> int:
     """Run ``job`` and write its summary or error: inside the signal block, so a signal
     meanwhile is still taken by it, never by Python's default handler."""
-    from dispatcher import logs
+    from dispatcher.observe import logs
 
     try:
         summary = job(args, broker, stop)
@@ -310,7 +310,7 @@ def _error(message: str, code: int) -> int:
 
 def _run(settings: Settings, resolved: Resolved) -> int:
     # Imported here so `check` stays fast and never touches the network stack.
-    from dispatcher import logs
+    from dispatcher.observe import logs
     from dispatcher.service import Service
 
     logs.configure(settings.logging.level, settings.logging.format)

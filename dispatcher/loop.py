@@ -25,7 +25,7 @@ coroutine is a bug; the loop logs it and goes on with the other deliveries.
 
 The loop knows nothing of deliveries or shutdown: the waits a delivery makes,
 and their end when the shutdown grace period runs out, are
-``dispatcher/waits.py``'s.
+``dispatcher/delivery/waits.py``'s.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Final, Generic, TypeVar
 
-from dispatcher.logs import get_logger
+from dispatcher.observe.logs import get_logger
 
 log = get_logger()
 

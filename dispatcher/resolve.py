@@ -25,12 +25,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import pika
 
-from dispatcher.bearer import BearerToken
 from dispatcher.config import BatchSettings, BindingSettings, BrokerSettings, Settings, TlsSettings
 from dispatcher.config.redaction import show
+from dispatcher.credentials.bearer import BearerToken
+from dispatcher.credentials.tls import EncryptedKey, tls_context
 from dispatcher.errors import ConfigError, TokenFileError
 from dispatcher.http.endpoint import Endpoint, endpoint
-from dispatcher.tls import EncryptedKey, tls_context
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ def _store_url(url: str) -> None:
     import redis
     from redis.connection import parse_url
 
-    from dispatcher.redis_claims import CALL_TIMEOUT
+    from dispatcher.store.redis_claims import CALL_TIMEOUT
 
     try:
         # redis-py lets the URL's query override the client's keywords: these two

@@ -7,7 +7,7 @@ None of them is per delivery.
 
 Shutdown order (``docs/design.md``, "Shutdown"): readiness off and consumers
 cancelled; in-flight work gets ``shutdown.grace`` to finish and be acked;
-then waits are cut short, whatever is still unsettled is left unacked for the
+then waits are cut short, whatever is still unfinished is left unacked for the
 broker to redeliver, and the connection is closed. Every step is bounded.
 """
 
@@ -22,33 +22,34 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from dispatcher import http_binding, logs
-from dispatcher.breaker import CircuitBreaker, reported
 from dispatcher.broker.params import virtual_host
 from dispatcher.broker.publisher import Publisher
 from dispatcher.broker.supervisor import Supervisor
 from dispatcher.config import BindingSettings, DeliverySettings, Settings, advice, otel
-from dispatcher.deadletter import DeadLetterer
-from dispatcher.dedupe import MemoryDedupe, SharedDedupe
-from dispatcher.engine import Engine
+from dispatcher.delivery.breaker import CircuitBreaker, reported
+from dispatcher.delivery.deadletter import DeadLetterer
+from dispatcher.delivery.dedupe import MemoryDedupe, SharedDedupe
+from dispatcher.delivery.engine import Engine
+from dispatcher.delivery.filters import compile_filter
+from dispatcher.delivery.handler import Handler, longest_attempt
+from dispatcher.delivery.rate_limit import RateLimit
+from dispatcher.delivery.reply import Replier
+from dispatcher.delivery.seams import Dedupe
 from dispatcher.errors import ConfigError
-from dispatcher.filters import compile_filter
-from dispatcher.handler import Handler, longest_attempt
+from dispatcher.event import http
 from dispatcher.http.client import HttpClient
 from dispatcher.http.endpoint import Endpoint
-from dispatcher.http.server import OpsServer
 from dispatcher.http.target import HttpTarget
-from dispatcher.logs import get_logger
 from dispatcher.loop import WRITABLE
-from dispatcher.metrics import Metrics
-from dispatcher.rate_limit import RateLimit
-from dispatcher.reply import Replier
+from dispatcher.observe import logs
+from dispatcher.observe.logs import get_logger
+from dispatcher.observe.metrics import Metrics
+from dispatcher.observe.tracing import Tracer
+from dispatcher.ops.server import OpsServer
 from dispatcher.resolve import BindingEndpoints, Resolved, resolve
-from dispatcher.seams import Dedupe
-from dispatcher.tracing import Tracer
 
 if TYPE_CHECKING:
-    from dispatcher.redis_claims import RedisClaims
+    from dispatcher.store.redis_claims import RedisClaims
 
 log = get_logger()
 
@@ -88,7 +89,7 @@ class Service:
 
     def _build(self, settings: Settings, endpoints: list[BindingEndpoints]) -> None:
         self.supervisor = Supervisor(
-            settings.broker, self.metrics, self.engine.loop, self.engine.deliver
+            settings.broker, self.metrics, self.engine.loop, self.engine.waits
         )
         self.publisher = (
             Publisher(
@@ -103,10 +104,9 @@ class Service:
         if settings.dedupe.store is not None:
             # Imported only when used: redis-py is 8 MB of memory a single replica
             # without a store has no use for.
-            from dispatcher.redis_claims import RedisClaims
+            from dispatcher.store.redis_claims import RedisClaims
 
             self.claims = RedisClaims(settings.dedupe.store, self.engine.loop, self.metrics)
-        self.engine.apply_with(self.supervisor.apply)
         try:
             self.ops = OpsServer(
                 settings.http.host,
@@ -122,6 +122,7 @@ class Service:
         vhost = virtual_host(settings.broker)
         # Read by tests and debugging; each is the loop's to change.
         self.breakers: dict[str, CircuitBreaker] = {}
+        self.handlers: dict[str, Handler] = {}
         for binding, urls in zip(settings.bindings, endpoints, strict=True):
             self._add_binding(binding, urls, vhost)
 
@@ -168,7 +169,7 @@ class Service:
         # protect the subscriber: the dead-letter sink and reply URL are not it.
         subscriber = target(
             urls.subscriber,
-            own_headers=http_binding.SUBSCRIBER_HEADERS,
+            own_headers=http.SUBSCRIBER_HEADERS,
             observe=metrics.observe_attempt,
             read_reply=replier.enabled,
             breaker=breaker,
@@ -197,8 +198,8 @@ class Service:
             compile_filter(binding),
             self.tracer,
         )
-        engine.add_binding(binding.name, handler)
-        self.supervisor.add_binding(binding, breaker)
+        self.handlers[binding.name] = handler
+        self.supervisor.add_binding(binding, handler.handle, breaker)
 
     def _breaker(self, binding: BindingSettings) -> CircuitBreaker | None:
         settings = binding.circuit_breaker
@@ -214,7 +215,7 @@ class Service:
     def _tracer(self, settings: Settings) -> Tracer | None:
         if not settings.tracing.enabled:
             return None  # and OpenTelemetry is never imported
-        from dispatcher.otlp import OtlpTracer
+        from dispatcher.observe.otlp import OtlpTracer
 
         url = otel.traces_url(settings.tracing, os.environ)
         return OtlpTracer(settings.tracing, url, self.metrics.spans_dropped.inc)
@@ -270,7 +271,7 @@ class Service:
         self.engine.give_up()
         if not idle:
             log.warning("grace period over; unfinished messages stay unacked for redelivery")
-            # Deliveries whose waits just ended settle as LEAVE; let them (bounded,
+            # Deliveries whose waits just ended end as LEAVE; let them (bounded,
             # and only for accounting) before the connection closes.
             self.supervisor.wait_idle(CLOSE_BOUND / 3)
         self.supervisor.finish(timeout=CLOSE_BOUND)

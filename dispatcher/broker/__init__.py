@@ -17,5 +17,5 @@
   (and dead-lettered with the reason), not lost.
 
 The core never imports this package; it sees a publisher only through
-``dispatcher.seams.ConfirmingPublisher``.
+``dispatcher.delivery.seams.ConfirmingPublisher``.
 """

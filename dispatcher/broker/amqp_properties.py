@@ -31,7 +31,7 @@ from typing import Any
 
 from pika import spec
 
-from dispatcher.events import Unreadable
+from dispatcher.event.cloudevent import Unreadable
 
 
 class TolerantBasicProperties(spec.BasicProperties):  # type: ignore[misc]  # pika is untyped

@@ -8,7 +8,7 @@ the calling thread, for ``replay``) and calls ``ended`` when it is gone. It open
 one confirm channel, and once the broker confirms that channel it calls
 ``on_ready``; the owner then ``publish``-es on it, as many messages in flight
 as it likes. Every message is tracked in a ``ConfirmWindow``: a ``basic.ack``
-or ``basic.nack`` (``multiple`` or not) settles what it covers and a
+or ``basic.nack`` (``multiple`` or not) answers what it covers and a
 ``basic.return`` marks its message unroutable, matched by the key the owner
 gave its publish (``returned`` reads the same key, and the reason, from the
 returned message). The owner hears ``on_confirmed`` (each item with ``None``,
@@ -47,9 +47,9 @@ from pika.spec import Basic
 from dispatcher.broker.confirm_window import ConfirmWindow
 from dispatcher.broker.params import Node, describe_error
 from dispatcher.broker.pika_loop import LoopConnection
-from dispatcher.logs import get_logger
+from dispatcher.delivery.retry import Backoff
 from dispatcher.loop import Loop
-from dispatcher.retry import Backoff
+from dispatcher.observe.logs import get_logger
 
 log = get_logger()
 

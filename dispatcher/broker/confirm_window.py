@@ -56,18 +56,18 @@ class ConfirmWindow(Generic[T]):
                 return
 
     def confirmed(self, tag: int, multiple: bool, acked: bool) -> list[tuple[T, str | None]]:
-        """What an ack or nack settles: each item with ``None`` (accepted) or why not."""
+        """What an ack or nack answers: each item with ``None`` (accepted) or why not."""
         if multiple:
             tags = list(itertools.takewhile(lambda t: t <= tag, self._unconfirmed))
         else:
             tags = [tag] if tag in self._unconfirmed else []
-        settled: list[tuple[T, str | None]] = []
+        answered: list[tuple[T, str | None]] = []
         for t in tags:
             key, item = self._unconfirmed.pop(t)
             self._forget_key(key, t)
             returned = self._returned.pop(t, None)
-            settled.append((item, NACKED if not acked else returned))
-        return settled
+            answered.append((item, NACKED if not acked else returned))
+        return answered
 
     def lost(self) -> list[T]:
         """The channel is gone: every unconfirmed item, in publish order; tags restart."""

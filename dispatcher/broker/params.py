@@ -31,9 +31,9 @@ from pika.adapters.utils.connection_workflow import (
 
 from dispatcher.broker import amqp_properties
 from dispatcher.config import BrokerSettings, redact_url
-from dispatcher.logs import get_logger
-from dispatcher.retry import Backoff
-from dispatcher.tls import ReloadingContext, tls_context
+from dispatcher.credentials.tls import ReloadingContext, tls_context
+from dispatcher.delivery.retry import Backoff
+from dispatcher.observe.logs import get_logger
 
 log = get_logger()
 

@@ -44,8 +44,8 @@ from typing import Any
 from pika.adapters.select_connection import SelectConnection
 from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport
 
-from dispatcher.logs import get_logger
 from dispatcher.loop import FAILED, READABLE, WRITABLE, Loop, Timer
+from dispatcher.observe.logs import get_logger
 
 log = get_logger()
 

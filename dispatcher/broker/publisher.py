@@ -56,16 +56,16 @@ from typing import Any, Final
 import pika
 import pika.exceptions
 
-from dispatcher import amqp_binding
 from dispatcher.broker.confirm_link import ConfirmLink, message_id
 from dispatcher.broker.params import Node, Rotation, nodes, reconnect_backoff
 from dispatcher.broker.pika_loop import close_within
 from dispatcher.broker.refused_exchanges import RefusedExchanges
 from dispatcher.config import BrokerSettings
-from dispatcher.events import Event
-from dispatcher.json_format import STRUCTURED_CONTENT_TYPE, to_json
-from dispatcher.logs import get_logger
+from dispatcher.event import amqp
+from dispatcher.event.cloudevent import Event
+from dispatcher.event.json_format import STRUCTURED_CONTENT_TYPE, to_json
 from dispatcher.loop import Future, Loop, Timer
+from dispatcher.observe.logs import get_logger
 
 log = get_logger()
 
@@ -195,7 +195,7 @@ class Publisher:
         says less) goes in the structured form instead, a JSON body, which has no
         such bound: still a CloudEvent, and whole."""
         headers: dict[str, Any]
-        headers, content_type = amqp_binding.to_amqp_headers(event)
+        headers, content_type = amqp.to_amqp_headers(event)
         if trace:
             headers.update(trace)
         id_property = message_id(event.id)
@@ -329,10 +329,10 @@ class Publisher:
             return f"broker connection failed: {type(e).__name__}"
         return None if error is None else error[:300]
 
-    def _on_confirmed(self, settled: list[tuple[_Request, str | None]], acked: bool) -> None:
+    def _on_confirmed(self, answered: list[tuple[_Request, str | None]], acked: bool) -> None:
         if acked and not self._heard_blocked:
             self._set_blocked(False)  # read and confirmed with no alarm said: not blocked
-        for request, error in settled:
+        for request, error in answered:
             if acked:
                 self._refused.accepted(request.exchange)
             _answer(request, error)

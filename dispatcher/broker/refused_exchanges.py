@@ -27,7 +27,7 @@ from typing import Final
 
 import pika.exceptions
 
-from dispatcher.retry import Backoff
+from dispatcher.delivery.retry import Backoff
 
 _WAIT: Final = Backoff("exponential", 1.0, 60.0)
 _NAMED: Final = re.compile(r"exchange '(.*?)' in vhost")

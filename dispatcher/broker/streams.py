@@ -12,7 +12,7 @@ The broker marks every message it delivers from a stream with the
 ``x-stream-offset`` header (checked on RabbitMQ 3.10); there is no other way
 to tell over AMQP 0-9-1. So the first such message stops consumption: the
 service closes that binding's channel (a stream keeps its messages; nothing
-is settled or lost) and ``archive`` exits 2.
+is acked or lost) and ``archive`` exits 2.
 """
 
 from __future__ import annotations

@@ -10,16 +10,16 @@ only when a whole round of nodes failed. The node connected to is logged
 (``host:port``) and shown by ``dispatcher_broker_node``.
 
 It runs on the engine loop, as every delivery does (pika through
-``pika_loop.LoopConnection``): a message goes from pika's frame to its delivery's
-coroutine by a call (``deliver``), and the delivery's verdict comes back the
-same way (``apply``), so an ack is on the wire in the iteration that decided
-it. The supervisor is not a thread but a set of callbacks on that loop: the
-connection's close callback schedules the next connect, as Knative's
-dispatcher has a goroutine watching its connection's close notification.
+``pika_loop.LoopConnection``). The supervisor is not a thread but a set of
+callbacks on that loop: the connection's close callback schedules the next
+connect, as Knative's dispatcher has a goroutine watching its connection's
+close notification.
 
-Each binding's channel is a ``Consumer`` (``consumer``): its channel
-generations, prefetch room and verdicts. A connection lost takes every
-channel with it; the supervisor reconnects and the consumers open new ones.
+Each binding's channel is a ``BindingChannel`` (``channel``): it receives its
+binding's messages, runs the binding's ``handle`` on each and sends the action
+itself, so an ack is on the wire in the iteration that decided it. A
+connection lost takes every channel with it; the supervisor reconnects and
+the binding channels open new ones.
 
 Everything here runs on the loop thread, except the methods marked "any
 thread": those only schedule work on the loop, or read plain fields.
@@ -37,8 +37,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from dispatcher.breaker import CircuitBreaker
-from dispatcher.broker.consumer import Consumer, Consumption, Shared
+from dispatcher.broker.channel import BindingChannel, Consumption, Shared
 from dispatcher.broker.params import (
     Node,
     Rotation,
@@ -48,16 +47,16 @@ from dispatcher.broker.params import (
 )
 from dispatcher.broker.pika_loop import LoopConnection, close_within
 from dispatcher.config import BindingSettings, BrokerSettings
-from dispatcher.logs import get_logger
+from dispatcher.delivery.breaker import CircuitBreaker
+from dispatcher.delivery.seams import Handle
+from dispatcher.delivery.waits import Waits
 from dispatcher.loop import Loop
-from dispatcher.metrics import Metrics
-from dispatcher.seams import Action, Received
+from dispatcher.observe.logs import get_logger
+from dispatcher.observe.metrics import Metrics
 
 log = get_logger()
 
 _TICK = 1.0  # the loop proves it is alive this often (for /healthz)
-
-Deliver = Callable[[str, Received], None]
 
 
 class Supervisor:
@@ -66,7 +65,7 @@ class Supervisor:
         broker: BrokerSettings,
         metrics: Metrics,
         loop: Loop,
-        deliver: Deliver,
+        waits: Waits,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._broker = broker
@@ -77,7 +76,7 @@ class Supervisor:
         # files that change later are read again at the next connect (params.Node).
         self._rotation = Rotation(nodes(broker, "consumer"), self._reconnect)
         self._node: Node = self._rotation.nodes[0]  # tried last
-        self._bindings: dict[str, Consumer] = {}
+        self._bindings: dict[str, BindingChannel] = {}
         self._connection: Any = None
         self._stopping = False
         self._idle = threading.Event()  # stopping, and no delivery in flight
@@ -91,15 +90,20 @@ class Supervisor:
             itertools.count(1),
             lambda: self._connection,
             self._channel_ready,
-            deliver,
+            loop.spawn,
+            waits,
+            self._delivery_done,
         )
 
-    def add_binding(self, settings: BindingSettings, breaker: CircuitBreaker | None = None) -> None:
-        consumer = Consumer(settings, self._shared, breaker)
-        self._bindings[settings.name] = consumer
+    def add_binding(
+        self, settings: BindingSettings, handle: Handle, breaker: CircuitBreaker | None = None
+    ) -> None:
+        """``handle``: what the binding does with each message (``Handler.handle``)."""
+        channel = BindingChannel(settings, self._shared, handle, breaker)
+        self._bindings[settings.name] = channel
         self._metrics.register_binding(settings.name)
         # Read when scraped: no gauge update (and its lock) per delivery.
-        self._metrics.binding(settings.name).inflight.set_function(lambda: consumer.in_flight)
+        self._metrics.binding(settings.name).inflight.set_function(lambda: channel.in_flight)
 
     # ----------------------------------------------------------------- any thread
 
@@ -132,9 +136,9 @@ class Supervisor:
     def channel_ready(self, binding: str) -> bool:
         """``binding``'s channel is open and set up (queue declared): it consumes,
         or waits for room to."""
-        consumer = self._bindings[binding]
-        channel = consumer.channel
-        return consumer.ready and channel is not None and bool(channel.is_open)
+        bound = self._bindings[binding]
+        channel = bound.channel
+        return bound.ready and channel is not None and bool(channel.is_open)
 
     def close_channel(self, binding: str) -> bool:
         """Close ``binding``'s channel as a broker-side channel error would: counted as
@@ -202,8 +206,8 @@ class Supervisor:
         if self._stopping:
             self._close()
             return
-        for consumer in self._bindings.values():
-            consumer.open(connection)
+        for bound in self._bindings.values():
+            bound.open(connection)
 
     def _on_open_error(self, _connection: Any, error: Exception) -> None:
         log.warning("broker connect failed", node=self._node.label, error=describe_error(error))
@@ -221,8 +225,8 @@ class Supervisor:
 
     def _ended(self, reason: str, opened: bool) -> None:
         self._connection = None
-        for consumer in self._bindings.values():
-            consumer.forget_channel()
+        for bound in self._bindings.values():
+            bound.forget_channel()
         self._metrics.broker_connected.set(0)
         self._metrics.set_broker_node(None)
         self._metrics.set_blocked("consumer", False)
@@ -251,24 +255,21 @@ class Supervisor:
         if self._used_at is None:
             self._used_at = time.monotonic()
 
-    # ----------------------------------------------------------------- verdicts and shutdown
+    # ----------------------------------------------------------------- shutdown
 
-    def apply(self, binding: str, received: Received, action: Action) -> None:
-        """A delivery's verdict (``LEAVE`` included: each one frees its slot)."""
-        consumer = self._bindings[binding]
-        consumer.apply(received, action)
-        consumer.fill()
+    def _delivery_done(self) -> None:
+        """A delivery reached its action (each frees its slot)."""
         if self._stopping:
             self._check_idle()
 
     def _begin_shutdown(self) -> None:
         self._stopping = True
-        for consumer in self._bindings.values():
-            consumer.cancel()
+        for bound in self._bindings.values():
+            bound.cancel()
         self._check_idle()
 
     def _check_idle(self) -> None:
-        if all(consumer.in_flight == 0 for consumer in self._bindings.values()):
+        if all(bound.in_flight == 0 for bound in self._bindings.values()):
             self._idle.set()
 
     def _close(self) -> None:

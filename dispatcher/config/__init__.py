@@ -87,7 +87,7 @@ from dispatcher.config.sources import (
     settings_from_dict,
 )
 from dispatcher.config.urls import http_url_problem, split_nodes
-from dispatcher.retry import BackoffPolicy
+from dispatcher.delivery.retry import BackoffPolicy
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",

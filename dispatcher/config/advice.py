@@ -15,7 +15,7 @@ from dispatcher.config import knative, otel
 from dispatcher.config.filter_tree import CesqlFilter, FilterEntry, NestingFilter
 from dispatcher.config.redaction import redact_url
 from dispatcher.config.settings import UNACKED_MAX, BindingSettings, Settings, TlsSettings
-from dispatcher.retry import JITTER, Backoff
+from dispatcher.delivery.retry import JITTER, Backoff
 
 
 @dataclass(frozen=True, slots=True)

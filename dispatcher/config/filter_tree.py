@@ -1,6 +1,6 @@
 """The ``filters`` key's entries as the service reads them: frozen dataclasses.
 
-``values.filters`` builds them from the file; ``dispatcher.filters`` turns
+``values.filters`` builds them from the file; ``dispatcher.delivery.filters`` turns
 them into predicates; ``render`` writes them back as the file had them.
 """
 

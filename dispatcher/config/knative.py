@@ -72,8 +72,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from dispatcher.config.durations import LONGEST, parse_duration
 from dispatcher.config.urls import split_nodes
+from dispatcher.delivery.retry import Backoff
 from dispatcher.errors import ConfigError
-from dispatcher.retry import Backoff
 
 KNATIVE_DEFAULT_BACKOFF_DELAY = 0.05
 DEFAULT_BACKOFF_MAX = 30.0

@@ -46,7 +46,7 @@ from dispatcher.config.validation import (
     url_list,
 )
 from dispatcher.config.validation import url as url_of
-from dispatcher.retry import DEFAULT_RETRY_ON, BackoffPolicy
+from dispatcher.delivery.retry import DEFAULT_RETRY_ON, BackoffPolicy
 
 # The closed sets: the words a key accepts, in the order messages list them.
 ContentMode = Literal["binary", "structured"]
@@ -312,7 +312,7 @@ class CircuitBreakerSettings(Section):
     """When the subscriber is failing, stop taking messages and probe it until it
     answers again, instead of dead-lettering everything."""
 
-    # ``dispatcher.breaker`` is the state machine these configure.
+    # ``dispatcher.delivery.breaker`` is the state machine these configure.
 
     failure_ratio: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0.0, le=1.0)] = Field(
         default=0.5, description="Opens when this share of attempts in the window failed"
@@ -478,7 +478,7 @@ class BindingSettings(Section):
     @property
     def effective_parallelism(self) -> int:
         """Deliveries in flight at once (requests to the subscriber and what follows
-        them until the verdict): ``parallelism``, or 1 when ``ordered``."""
+        them until their action): ``parallelism``, or 1 when ``ordered``."""
         return 1 if self.ordered else self.parallelism
 
     @property
@@ -498,7 +498,7 @@ class BindingSettings(Section):
         if self.prefetch is None:
             return
         if self.ordered and self.prefetch != 1:
-            # A message waiting behind one being retried would be settled before it
+            # A message waiting behind one being retried would be delivered before it
             # if that one went back to the queue.
             refuse("prefetch", "must be 1 or unset when ordered is true")
         if not self.ordered and self.prefetch < self.parallelism:

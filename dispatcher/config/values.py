@@ -24,8 +24,8 @@ from dispatcher.config.filter_tree import (
     NestingFilter,
 )
 from dispatcher.config.redaction import show
+from dispatcher.delivery.retry import RETRY_CLASSES
 from dispatcher.errors import ConfigError
-from dispatcher.retry import RETRY_CLASSES
 
 
 def string(value: object, key: str) -> str:

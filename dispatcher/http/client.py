@@ -39,9 +39,9 @@ import pycurl
 
 from dispatcher.config import TlsSettings
 from dispatcher.config.redaction import redact_text
+from dispatcher.delivery.seams import Response
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.loop import FAILED, READABLE, WRITABLE, Future, Loop, Timer
-from dispatcher.seams import Response
 
 USER_AGENT: Final = "dispatcher"
 # curl adds these unless told not to: a form content type on every POST
@@ -182,7 +182,7 @@ def _set_tls(curl: pycurl.Curl, tls: TlsSettings) -> None:
 
 
 def request_headers(headers: Mapping[str, str]) -> list[str]:
-    """curl's header list for a request (names lower-case, as ``http_binding.to_http`` writes
+    """curl's header list for a request (names lower-case, as ``event.http.to_http`` writes
     them): ours, and none that curl would add on its own."""
     lines = [f"{name}: {value}" for name, value in headers.items()]
     if "content-type" not in headers:

@@ -17,7 +17,7 @@ ends the wait (``Waits.give_up``) and the delivery is ``ABANDONED``: the
 message is left for the broker to redeliver.
 
 The subscriber's target may have a circuit breaker and a rate limit
-(``dispatcher.breaker``, ``dispatcher.rate_limit``): every attempt asks both
+(``dispatcher.delivery.breaker``, ``dispatcher.delivery.rate_limit``): every attempt asks both
 first. Time spent waiting in either is not taken from the deadline, and a
 failed probe of a half-open breaker does not spend a retry: the message
 keeps its retries for when the subscriber is back. An attempt held in an
@@ -29,17 +29,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from dispatcher import tracing
-from dispatcher.bearer import BearerToken
-from dispatcher.breaker import PASS, CircuitBreaker, CircuitState, Pass
 from dispatcher.config import DeliverySettings
-from dispatcher.events import HttpRequestParts
+from dispatcher.credentials.bearer import BearerToken
+from dispatcher.delivery.breaker import PASS, CircuitBreaker, CircuitState, Pass
+from dispatcher.delivery.rate_limit import RateLimit
+from dispatcher.delivery.retry import Backoff, Decision, classify, retried_statuses
+from dispatcher.delivery.seams import Accept, Refusal, Response, Result, Sent
+from dispatcher.delivery.waits import Waits
+from dispatcher.event.cloudevent import HttpRequestParts
 from dispatcher.http.client import HttpClient, Reading, request_headers
 from dispatcher.http.endpoint import Endpoint
-from dispatcher.rate_limit import RateLimit
-from dispatcher.retry import Backoff, Decision, classify, retried_statuses
-from dispatcher.seams import Accept, Refusal, Response, Result, Sent
-from dispatcher.waits import Waits
+from dispatcher.observe import tracing
 
 # What an error-response body contributes to a dead letter is at most 1024
 # base64 characters; keeping a little more than that is plenty.

@@ -57,7 +57,6 @@ from typing import Any, Final
 import pika
 import pika.exceptions
 
-from dispatcher import amqp_binding, logs
 from dispatcher.broker import amqp_properties, streams
 from dispatcher.broker.params import (
     connect_blocking,
@@ -67,9 +66,11 @@ from dispatcher.broker.params import (
     virtual_host,
 )
 from dispatcher.config import BrokerSettings
-from dispatcher.deadletter import with_reason
+from dispatcher.delivery.deadletter import with_reason
 from dispatcher.errors import BatchFailed, BatchInputError, DispatcherError
-from dispatcher.events import AmqpMessage, Event, Unreadable
+from dispatcher.event import amqp
+from dispatcher.event.cloudevent import AmqpMessage, Event, Unreadable
+from dispatcher.observe import logs
 from dispatcher.pipeline import records
 from dispatcher.pipeline.archive_files import os_reason, prepare_out, write_batch
 from dispatcher.pipeline.progress import Progress
@@ -100,13 +101,13 @@ def read_event(
     raised. ``unreadable``: pika could not decode the properties (``amqp_properties``):
     the body is wrapped as the service dead-letters such a message."""
     if unreadable is not None:
-        return with_reason(*amqp_binding.wrap_unreadable(message, vhost, queue, unreadable))
+        return with_reason(*amqp.wrap_unreadable(message, vhost, queue, unreadable))
     try:
-        event, problem = amqp_binding.read(message, vhost, queue)
+        event, problem = amqp.read(message, vhost, queue)
     except Exception as e:  # a mapping bug must not stop the drain or drop the message
         log.exception("internal error while reading a message")
         event, problem = (
-            amqp_binding.wrap(message, vhost, queue),
+            amqp.wrap(message, vhost, queue),
             f"internal error: {type(e).__name__}: {e}",
         )
     return event if problem is None else with_reason(event, problem)
@@ -126,7 +127,7 @@ def to_record(
     except Exception as e:  # same: archive the raw message rather than stop
         log.exception("internal error while formatting an event")
         event = with_reason(
-            amqp_binding.wrap(message, vhost, queue), f"internal error: {type(e).__name__}: {e}"
+            amqp.wrap(message, vhost, queue), f"internal error: {type(e).__name__}: {e}"
         )
         line = records.to_line(event, archived_at)
     return records.partition_date(event, archived_at), line
@@ -297,7 +298,7 @@ class _Run:
         )
 
     def _record(self, properties: Any, body: bytes) -> tuple[str, bytes]:
-        message = amqp_binding.amqp_message(body, properties)
+        message = amqp.amqp_message(body, properties)
         return to_record(
             message, self.vhost, self.queue, self.now(), amqp_properties.unreadable(properties)
         )

@@ -26,8 +26,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dispatcher import logs
 from dispatcher.errors import BatchFailed, BatchInputError
+from dispatcher.observe import logs
 
 log = logs.get_logger()
 

@@ -42,7 +42,7 @@ import pika
 
 from dispatcher.broker.confirm_link import ConfirmLink, message_id
 from dispatcher.broker.params import Node, Rotation, node_label
-from dispatcher.retry import Backoff
+from dispatcher.delivery.retry import Backoff
 
 DEFAULT_WINDOW: Final = 1000
 # What a source yields for "nothing yet": the loop takes its turn, then pulls again.

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dispatcher.errors import BatchInputError
-from dispatcher.logs import get_logger
+from dispatcher.observe.logs import get_logger
 
 log = get_logger()
 

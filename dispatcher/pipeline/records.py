@@ -19,16 +19,16 @@ from typing import Final
 
 from dateutil.parser import isoparse
 
-from dispatcher import events, json_format
 from dispatcher.errors import EventError
-from dispatcher.events import Event
+from dispatcher.event import cloudevent, json_format
+from dispatcher.event.cloudevent import Event
 
 ARCHIVED: Final = "dispatcherarchived"
 
 
 def to_line(event: Event, archived_at: dt.datetime) -> bytes:
     """The archive line for ``event``, received at ``archived_at`` (no newline)."""
-    return line(event.with_extensions({ARCHIVED: events.format_time(archived_at)}))
+    return line(event.with_extensions({ARCHIVED: cloudevent.format_time(archived_at)}))
 
 
 def line(event: Event) -> bytes:

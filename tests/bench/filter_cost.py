@@ -18,7 +18,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dispatcher.config import settings_from_dict
-from dispatcher.filters import compile_filter
+from dispatcher.delivery.filters import compile_filter
 from tests.bench.lineup import PASS_ALL_CESQL, PASS_ALL_FILTERS
 from tests.bench.payload import SOURCE, TYPE
 

@@ -35,8 +35,8 @@ import pika
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from dispatcher import amqp_binding  # noqa: E402
-from dispatcher.events import Event  # noqa: E402
+from dispatcher.event import amqp as amqp_binding  # noqa: E402
+from dispatcher.event.cloudevent import Event  # noqa: E402
 from dispatcher.pipeline import records  # noqa: E402
 from dispatcher.pipeline.confirms import ConfirmedPublisher, Outgoing  # noqa: E402
 from tests.support import delivery_logs  # noqa: E402

@@ -1,7 +1,7 @@
 """Where tracing's CPU goes per delivery, timed alone (issue 23): the work on the
 engine loop (the sampling decision, the CONSUMER and CLIENT spans, the W3C
 header, the log context) and the export thread's OTLP encoding of those spans
-(``dispatcher.otlp_encoding``, a batch at a time as the exporter calls it),
+(``dispatcher.observe.otlp_encoding``, a batch at a time as the exporter calls it),
 for a message sampled without and with a parent, and for one that is not
 sampled.
 
@@ -26,12 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from opentelemetry.sdk.resources import Resource
 
-from dispatcher import __version__, logs
+from dispatcher import __version__
 from dispatcher.config import TracingSettings
-from dispatcher.events import Event
-from dispatcher.otlp import OtlpTracer
-from dispatcher.otlp_encoding import Encoder
-from dispatcher.tracing import peer
+from dispatcher.event.cloudevent import Event
+from dispatcher.observe import logs
+from dispatcher.observe.otlp import OtlpTracer
+from dispatcher.observe.otlp_encoding import Encoder
+from dispatcher.observe.tracing import peer
 from tests.bench.payload import SOURCE, TYPE
 
 DELIVERIES = 20_000

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher import amqp_binding
 from dispatcher.cesql import CesqlError, parse
 from dispatcher.config import settings_from_dict
-from dispatcher.events import AmqpMessage
-from dispatcher.filters import compile_filter
+from dispatcher.delivery.filters import compile_filter
+from dispatcher.event import amqp as amqp_binding
+from dispatcher.event.cloudevent import AmqpMessage
 
 KIT = Path(__file__).with_name("cesql_tck")
 

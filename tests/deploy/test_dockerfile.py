@@ -100,9 +100,9 @@ def test_the_wheel_the_image_installs_holds_the_package(tmp_path):
         "__main__",
         "cli",
         "broker/supervisor",
-        "handler",
-        "events",
-        "http/server",
+        "delivery/handler",
+        "event/cloudevent",
+        "ops/server",
         "config/knative",
     ):
         assert f"dispatcher/{module}.py" in names

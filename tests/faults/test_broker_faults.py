@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from dispatcher.metrics import RECONNECT_REASONS
+from dispatcher.observe.metrics import RECONNECT_REASONS
 from tests.faults.conftest import RECOVERY_TIMES
 from tests.support.broker import (
     declare_fanout_with_queue,

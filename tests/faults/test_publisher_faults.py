@@ -9,7 +9,7 @@ import pytest
 
 from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings
-from dispatcher.events import Event
+from dispatcher.event.cloudevent import Event
 from dispatcher.loop import Future, Loop
 from tests.support.broker import channel, delete, queue_depth, unique, wait_until
 from tests.support.loops import close_on_loop, run_until

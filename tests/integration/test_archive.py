@@ -20,10 +20,11 @@ import pika
 import pytest
 import yaml
 
-from dispatcher import amqp_binding, events
 from dispatcher.config import BrokerSettings
 from dispatcher.errors import BatchFailed, BatchInputError
-from dispatcher.events import AmqpMessage, Event
+from dispatcher.event import amqp as amqp_binding
+from dispatcher.event import cloudevent as events
+from dispatcher.event.cloudevent import AmqpMessage, Event
 from dispatcher.pipeline import records
 from dispatcher.pipeline.archive import ArchiveResult, archive
 from dispatcher.pipeline.progress import ERASE

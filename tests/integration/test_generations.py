@@ -1,4 +1,5 @@
-"""Invariant 2: a verdict belongs to its channel generation; stale ones are dropped and counted."""
+"""Invariant 2: an action belongs to the channel its message arrived on; stale ones
+are dropped and counted."""
 
 from __future__ import annotations
 

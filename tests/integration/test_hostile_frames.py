@@ -32,7 +32,7 @@ import pytest
 from pika import spec
 
 from dispatcher.broker import amqp_properties
-from dispatcher.metrics import RECONNECT_REASONS
+from dispatcher.observe.metrics import RECONNECT_REASONS
 from tests.support import broker
 from tests.support.broker import publish_events, queue_depth, wait_until
 from tests.support.raw_amqp import (

@@ -16,8 +16,8 @@ import pytest
 
 from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings
-from dispatcher.events import Event
-from dispatcher.json_format import from_structured
+from dispatcher.event.cloudevent import Event
+from dispatcher.event.json_format import from_structured
 from dispatcher.loop import Future, Loop
 from tests.support import broker
 from tests.support.loops import close_on_loop, run_until

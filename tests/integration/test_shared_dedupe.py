@@ -18,13 +18,13 @@ import redis
 import structlog
 from prometheus_client import generate_latest
 
-from dispatcher.deadletter import Failure
-from dispatcher.dedupe import Claim, MemoryDedupe, SharedDedupe
+from dispatcher.delivery.dedupe import MemoryDedupe, SharedDedupe
+from dispatcher.delivery.seams import Claim
+from dispatcher.delivery.verdicts import DeadLetter, Failure
+from dispatcher.delivery.waits import Waits
 from dispatcher.loop import Loop
-from dispatcher.metrics import Metrics
-from dispatcher.redis_claims import CALL_TIMEOUT, RedisClaims
-from dispatcher.verdicts import DeadLetter
-from dispatcher.waits import Waits
+from dispatcher.observe.metrics import Metrics
+from dispatcher.store.redis_claims import CALL_TIMEOUT, RedisClaims
 from tests.support.broker import event_headers, publish, unique
 from tests.support.node import free_port
 from tests.support.proxy import FaultProxy

@@ -374,7 +374,7 @@ def test_userinfo_never_reaches_a_span(make_subscriber, traced, collector):
 def test_a_bug_while_handling_ends_the_span_in_error(make_subscriber, traced, collector):
     sub = make_subscriber()
     svc = traced(sub.url)
-    dedupe = svc.service.engine._handlers["b"]._dedupe
+    dedupe = svc.service.handlers["b"]._dedupe
 
     async def broken(_key, _wait):
         raise RuntimeError("boom")

@@ -305,7 +305,7 @@ def test_log_format_console_and_level(queue, make_subscriber, processes, tmp_pat
 
 
 def test_delivery_context_does_not_leak_between_tasks(make_subscriber, run_service, capsys):
-    from dispatcher import http_binding
+    from dispatcher.event import http as http_binding
 
     original = http_binding.trace_headers
     calls = []

@@ -28,7 +28,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from dispatcher.http.server import METRICS_SHARED_FOR, OpsServer, unsent
+from dispatcher.ops.server import METRICS_SHARED_FOR, OpsServer, unsent
 from tests.support import broker
 from tests.support.broker import wait_until
 from tests.support.process import DispatcherProcess, child_env
@@ -235,8 +235,8 @@ def test_what_is_left_to_send_of_an_answer_in_parts() -> None:
 STARVED = """
 import json, resource, sys, threading, time
 from prometheus_client import CollectorRegistry
-from dispatcher import logs
-from dispatcher.http.server import OpsServer
+from dispatcher.observe import logs
+from dispatcher.ops.server import OpsServer
 logs.configure("debug", "json")
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))  # few, so all are soon taken
 server = OpsServer("127.0.0.1", 0, CollectorRegistry(), time.monotonic, dict, lambda: False)

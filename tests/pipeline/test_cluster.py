@@ -21,7 +21,7 @@ from typing import Any
 import pyspark
 import pytest
 
-from dispatcher.events import Event
+from dispatcher.event.cloudevent import Event
 from dispatcher.pipeline import records
 from tests.support import broker, delivery_logs
 

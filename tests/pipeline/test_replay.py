@@ -13,8 +13,10 @@ from typing import Any
 import pika
 import pytest
 
-from dispatcher import amqp_binding, cli, events
-from dispatcher.events import AmqpMessage, Event
+from dispatcher import cli
+from dispatcher.event import amqp as amqp_binding
+from dispatcher.event import cloudevent as events
+from dispatcher.event.cloudevent import AmqpMessage, Event
 from dispatcher.pipeline import records
 from tests.support import broker
 from tests.support.proxy import FaultProxy
@@ -391,7 +393,7 @@ def test_spark_reads_an_instant_only_where_it_reads_it_as_the_service_does(spark
     wherever it gives a value, and leaves the rest to Python (``deferred``)."""
     from pyspark.sql import functions as F
 
-    from dispatcher.pipeline import replay
+    from dispatcher.pipeline import replay_read as replay
 
     texts = [
         *TIME_FORMS,
@@ -415,7 +417,7 @@ def test_spark_reads_an_instant_only_where_it_reads_it_as_the_service_does(spark
         when = records.instant(Event(attributes, None))
         if read[text] is not None:
             assert when is not None, text
-            assert replay._epoch_micros(when) == read[text], text
+            assert replay.epoch_micros(when) == read[text], text
     assert sum(v is not None for v in read.values()) >= 8  # Spark places the usual forms
 
 
@@ -424,13 +426,14 @@ def test_the_copies_of_an_event_meet_in_the_one_shuffle_that_feeds_the_publisher
 ) -> None:
     """Dedupe without more shuffles than it needs: the repartition by (source, id)
     into the publishing partitions is the grouping's too."""
-    from dispatcher.pipeline import replay
+    from dispatcher.pipeline import replay, replay_read
 
     write_archive(tmp_path / "archive", make_events(40))  # the first 30 twice
     options = replay.ReplayOptions(archive=str(tmp_path / "archive"), exchange="x", partitions=3)
-    lines = replay.read(spark, options.archive)
-    by_python = replay.read_in_python(spark, lines)
-    counts, chosen, partitions = replay._tally(spark, lines, by_python, options, tmp_path / "out")
+    lines = replay_read.read(spark, options.archive)
+    by_python = replay_read.read_in_python(spark, lines)
+    counts = replay_read.select(spark, lines, by_python, options.selection, 3, tmp_path / "out")
+    chosen, partitions = counts.chosen, counts.partitions
     plan = chosen._jdf.queryExecution().executedPlan().toString()
     assert plan.count("Exchange ") == 1, plan
     assert partitions == chosen.rdd.getNumPartitions() == 3

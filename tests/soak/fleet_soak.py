@@ -5,9 +5,11 @@ RabbitMQ node and redis-server of the soak's own (the machine's shared ones
 are never touched), a durable queue with a dead-letter exchange, two replicas
 that reach the broker and the store each through fault proxies of their own,
 a subscriber in this process, and a publisher with confirms at a steady rate.
-The subscriber refuses one event in ``REFUSED`` (400: dead-lettered at once, by a
-confirmed publish to the binding's dead-letter exchange), so dead letters are in
-flight whenever a broker fault comes. For ``--minutes`` a seeded schedule injects
+The subscriber takes ``--latency`` to answer (50 ms by default, as a real one
+does: deliveries are in flight when a fault comes) and refuses one event in
+``--refused`` (400: dead-lettered at once, by a confirmed publish to the
+binding's dead-letter exchange), so dead letters are in flight whenever a
+broker fault comes. For ``--minutes`` a seeded schedule injects
 one fault at a time: a replica's
 broker connection reset or black-holed, the broker stopped and started, a
 server-side close of every connection, the subscriber failing or slow, the
@@ -19,6 +21,7 @@ duplicates happened in which fault window. Exit 1 when anything was lost or
 a duplicate is unexplained.
 
     python tests/soak/fleet_soak.py [--minutes 20] [--rate 120] [--seed N] [--out DIR]
+        [--refused 10] [--latency 0.05]
 """
 
 from __future__ import annotations
@@ -47,15 +50,16 @@ from tests.support.redis_server import RedisServer
 
 QUEUE, DLX, DLQ = "soak", "soak.dlx", "soak.dlq"
 REPLICAS = ("a", "b")
-REFUSED = 40  # one event in this many is answered 400, whatever the subscriber's mode
 
 
 class Fleet:
     """The broker, the store, the proxies, the subscriber and the replicas."""
 
-    def __init__(self, out: Path, ledger: Ledger) -> None:
+    def __init__(self, out: Path, ledger: Ledger, refused: int, latency: float) -> None:
         self.out = out
         self.ledger = ledger
+        self.refused = refused  # one event in this many is answered 400, in any mode
+        self.latency = latency
         self.node = RabbitNode().start()
         self.store = RedisServer().start()
         self.brokers = {name: FaultProxy(self.node.port) for name in REPLICAS}
@@ -80,13 +84,13 @@ class Fleet:
     def _answer(self, event_id: str, replica: str) -> tuple[int, float]:
         mode = self.subscriber_mode
         status = 503 if mode == "down" else 200
-        if event_id.startswith("soak-") and int(event_id[5:]) % REFUSED == 0:
+        if event_id.startswith("soak-") and int(event_id[5:]) % self.refused == 0:
             status = 400
         with self._lock:
             self.ledger.requests.append(Request(event_id, replica, time.monotonic(), status))
         # Slow, but within the attempt's timeout: a request that timed out and
         # was answered later would be the subscriber's own duplicate.
-        return status, 1.0 if mode == "slow" else 0.0
+        return status, 1.0 if mode == "slow" else self.latency
 
     def config(self, name: str) -> dict[str, Any]:
         return {
@@ -183,6 +187,13 @@ class Fleet:
         self.node.shutdown()
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A replica killed mid-request resets its connection: the fault, not news."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class SoakSubscriber:
     """A real HTTP subscriber that keeps only what the ledger needs of each request
     (tests/support/subscriber.py keeps whole requests: too much for a long soak)."""
@@ -205,7 +216,7 @@ class SoakSubscriber:
                 self.send_header("content-length", "0")
                 self.end_headers()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/"
@@ -359,12 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=120.0, help="events published per second")
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--refused", type=int, default=10, help="one event in N is answered 400")
+    parser.add_argument("--latency", type=float, default=0.05, help="seconds per answer")
     parser.add_argument("--out", type=Path, default=Path(".soak") / time.strftime("%Y%m%d-%H%M%S"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"[soak] {args.minutes} min at {args.rate}/s, seed {args.seed}, out {args.out}")
     ledger = Ledger()
-    fleet = Fleet(args.out, ledger)
+    fleet = Fleet(args.out, ledger, args.refused, args.latency)
     try:
         publisher = Publisher(fleet.node.url, args.rate, ledger)
         schedule = Schedule(fleet, args.seed)

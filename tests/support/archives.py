@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from dispatcher.events import Event
+from dispatcher.event.cloudevent import Event
 from dispatcher.pipeline import records
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher import amqp_binding, events
 from dispatcher.errors import BatchFailed, BatchInputError
-from dispatcher.events import AmqpMessage
+from dispatcher.event import amqp as amqp_binding
+from dispatcher.event import cloudevent as events
+from dispatcher.event.cloudevent import AmqpMessage
 from dispatcher.pipeline import archive, archive_files, records
 from dispatcher.pipeline.archive_files import write_batch
 

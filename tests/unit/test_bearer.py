@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import structlog
 
-from dispatcher.bearer import BearerToken
+from dispatcher.credentials.bearer import BearerToken
+from dispatcher.credentials.file_identity import RACY_SECONDS
 from dispatcher.errors import TokenFileError
-from dispatcher.file_identity import RACY_SECONDS
 
 
 def header(token: str) -> str:
@@ -62,7 +62,7 @@ def test_a_rewrite_in_place_keeping_size_and_times_is_seen(tmp_path, clock, monk
     write(path, "bbbb")
     # Every field as before, as a filesystem with a coarse clock may leave them.
     with monkeypatch.context() as patched:
-        patched.setattr("dispatcher.bearer.os.stat", lambda *_a, **_k: before)
+        patched.setattr("dispatcher.credentials.bearer.os.stat", lambda *_a, **_k: before)
         seen = bearer.header()
     assert seen == header("bbbb")
 

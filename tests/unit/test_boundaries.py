@@ -1,18 +1,22 @@
-"""The package's boundaries, read from its import graph.
+"""The package's boundaries, read from its import graph: one rule per package.
 
-The core (the flat modules of ``dispatcher/``: events, handler, retry, dedupe,
-deadletter, reply, filters, ...) decides what happens to a message and must
-never reach pika, libcurl or redis, not even through another module: the
-broker side is ``dispatcher/broker/``, the HTTP side ``dispatcher/http/``, the
-shared store ``dispatcher/redis_claims.py``, and only the wiring (``service``,
-``cli``) puts them together. Configuration is pure data: it builds no TLS
-context and no connection parameters. Every import counts, including those
-inside functions and under ``TYPE_CHECKING``.
+The folders are the boundaries. ``event/`` (the CloudEvent and its bindings),
+``delivery/`` (what happens to a message), ``cesql/`` and ``config/`` are the
+core: they never reach pika, libcurl, redis or OpenTelemetry, not even through
+another module, and configuration builds no TLS context either. The sides
+(``broker/``, ``http/``, ``store/``, ``ops/``, ``credentials/``, ``pipeline/``)
+each speak to one thing outside; ``observe/`` says what the service does. Only
+the wiring at the root (``service``, ``cli``, ``resolve``) puts them together.
+``RULES`` says, per package, which packages of ``dispatcher`` it may import and
+which protocol libraries; every import counts, including those inside
+functions and under ``TYPE_CHECKING``. No module imports itself back, through
+any chain: a type needed on both sides of a seam lives in the seam.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -20,12 +24,56 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dispatcher"
 
-# The outer modules: they wire the sides together, so they may import anything.
-WIRING = {"dispatcher.service", "dispatcher.cli", "dispatcher.resolve", "dispatcher.__main__"}
-# Top-level modules that are a boundary themselves, not core.
-BOUNDARY_MODULES = {"dispatcher.redis_claims", "dispatcher.otlp", "dispatcher.otlp_encoding"}
-PROTOCOL_LIBRARIES = {"pika", "pycurl", "redis", "opentelemetry"}
-SIDES = ("dispatcher.broker", "dispatcher.http", "dispatcher.pipeline")
+# The libraries that speak a protocol (or build TLS): who may import them is a rule.
+PROTOCOL_LIBRARIES = frozenset({"pika", "pycurl", "redis", "opentelemetry", "ssl"})
+# Everything of the package may import these root modules (and the version).
+ANYONE = frozenset({"dispatcher", "dispatcher.errors"})
+
+
+@dataclass(frozen=True)
+class Rule:
+    uses: frozenset[str] = frozenset()  # packages (or modules) of dispatcher it may import
+    libraries: frozenset[str] = frozenset()  # the protocol libraries it may import
+
+
+def rule(uses: str = "", libraries: str = "") -> Rule:
+    return Rule(
+        frozenset(f"dispatcher.{name}" for name in uses.split()), frozenset(libraries.split())
+    )
+
+
+RULES: dict[str, Rule] = {
+    "dispatcher": rule(),  # the version, and the package's map in its docstring
+    "dispatcher.errors": rule(),
+    # The core.
+    "dispatcher.cesql": rule(),
+    # Retry's table and backoff are the delivery keys' vocabulary; retry imports
+    # nothing of the package (test_retry_imports_nothing_of_the_package).
+    "dispatcher.config": rule("cesql delivery.retry"),
+    "dispatcher.event": rule("config"),
+    "dispatcher.delivery": rule("cesql config event loop observe"),
+    # What the service says about itself, and the loop every side runs on.
+    "dispatcher.observe": rule("config event", "opentelemetry"),
+    "dispatcher.loop": rule("observe"),
+    # The sides: each speaks to one thing outside, none to another (but replay,
+    # which publishes with the broker side's confirm link).
+    "dispatcher.credentials": rule("config observe", "ssl"),
+    "dispatcher.broker": rule("config credentials delivery event loop observe", "pika"),
+    "dispatcher.http": rule("config credentials delivery event loop observe", "pycurl ssl"),
+    "dispatcher.store": rule("config delivery loop observe", "redis"),
+    "dispatcher.ops": rule("observe"),
+    "dispatcher.pipeline": rule("broker config delivery event observe", "pika"),
+    # The process: signals for every command; the wiring may import anything.
+    "dispatcher.signals": rule(),
+    "dispatcher.cli": rule("config observe pipeline resolve service signals"),
+    "dispatcher.resolve": rule("config credentials http store", "pika redis ssl"),
+    "dispatcher.service": rule(
+        "broker config delivery event http loop observe ops resolve store", "pika"
+    ),
+    "dispatcher.__main__": rule("cli"),
+}
+# Inside observe, only the exporter reaches OpenTelemetry: with tracing off nothing loads it.
+OPENTELEMETRY_MODULES = frozenset({"dispatcher.observe.otlp", "dispatcher.observe.otlp_encoding"})
 
 
 def module_name(path: Path) -> str:
@@ -47,7 +95,8 @@ def _resolve(name: str) -> str | None:
 
 @cache
 def direct_imports(module: str) -> frozenset[str]:
-    """Every name ``module`` imports (absolute, dotted), wherever in the file."""
+    """Every name ``module`` imports (absolute, dotted), wherever in the file; for
+    ``from X import y``, ``X.y`` when it is a module of ours, else ``X``."""
     tree = ast.parse(MODULES[module].read_text())
     package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
@@ -59,10 +108,19 @@ def direct_imports(module: str) -> frozenset[str]:
             if node.level:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
-            names.add(base)
-            # ``from dispatcher import events`` imports the module dispatcher.events.
-            names.update(f"{base}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                names.add(full if full in MODULES else base)
     return frozenset(names)
+
+
+def own(module: str) -> set[str]:
+    """The package's modules ``module`` imports."""
+    return {
+        found
+        for name in direct_imports(module)
+        if name.startswith("dispatcher") and (found := _resolve(name)) not in (None, module)
+    }
 
 
 @cache
@@ -72,13 +130,12 @@ def reachable(module: str) -> frozenset[str]:
     visited = {module}
     todo = [module]
     while todo:
-        for name in direct_imports(todo.pop()):
-            seen.add(name)
-            inner = _resolve(name) if name.startswith("dispatcher") else None
-            if inner is not None and inner not in visited:
-                visited.add(inner)
-                seen.add(inner)
-                todo.append(inner)
+        current = todo.pop()
+        seen.update(direct_imports(current))
+        for inner in own(current) - visited:
+            visited.add(inner)
+            seen.add(inner)
+            todo.append(inner)
     return frozenset(seen)
 
 
@@ -86,45 +143,66 @@ def _top_level(name: str) -> str:
     return name.partition(".")[0]
 
 
-def _within(name: str, packages: tuple[str, ...]) -> bool:
+def _within(name: str, packages: frozenset[str] | tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-CORE = sorted(
-    name
-    for name, path in MODULES.items()
-    if path.parent == PACKAGE and name not in WIRING | BOUNDARY_MODULES and name != "dispatcher"
-)
-CONFIG = sorted(n for n in MODULES if _within(n, ("dispatcher.config",)))
+def package_of(module: str) -> str:
+    """The entry of RULES a module falls under: its package, or the root module itself."""
+    matching = [name for name in RULES if name == module or _within(module, (name,))]
+    if module != "dispatcher":
+        matching = [name for name in matching if name != "dispatcher"]
+    assert matching, f"{module} is under no rule: give its package one"
+    return max(matching, key=len)
 
 
 def test_the_graph_sees_what_it_should() -> None:
     # The test's own reading of imports: the HTTP client reaches pycurl, the
-    # supervisor pika, the service both; if these failed, the rules below
+    # supervisor pika, the service all three; if these failed, the rules below
     # would pass vacuously.
     assert "pycurl" in {_top_level(n) for n in reachable("dispatcher.http.client")}
     assert "pika" in {_top_level(n) for n in reachable("dispatcher.broker.supervisor")}
     service = {_top_level(n) for n in reachable("dispatcher.service")}
     assert {"pika", "pycurl", "redis"} <= service
-    assert "dispatcher.handler" in CORE and "dispatcher.events" in CORE
+    assert "dispatcher.delivery.seams" in own("dispatcher.delivery.handler")
 
 
-@pytest.mark.parametrize("module", CORE)
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_each_module_imports_only_what_its_package_may(module: str) -> None:
+    home = package_of(module)
+    allowed = RULES[home]
+    outside = {name for name in own(module) if not _within(name, (home,)) and name not in ANYONE}
+    wrong = sorted(name for name in outside if not _within(name, tuple(allowed.uses)))
+    assert not wrong, f"{module} ({home}) imports {wrong}"
+    libraries = {_top_level(n) for n in direct_imports(module)} & PROTOCOL_LIBRARIES
+    if module in OPENTELEMETRY_MODULES:
+        libraries -= {"opentelemetry"}
+    elif home == "dispatcher.observe":
+        assert "opentelemetry" not in libraries, f"{module}: only the exporter imports it"
+    extra = sorted(libraries - allowed.libraries)
+    assert not extra, f"{module} ({home}) imports {extra}"
+
+
+CORE = ("dispatcher.event", "dispatcher.delivery", "dispatcher.cesql", "dispatcher.config")
+SIDES = (
+    "dispatcher.broker",
+    "dispatcher.http",
+    "dispatcher.store",
+    "dispatcher.ops",
+    "dispatcher.credentials",
+    "dispatcher.pipeline",
+)
+WIRING = frozenset({"dispatcher.service", "dispatcher.cli", "dispatcher.resolve"})
+
+
+@pytest.mark.parametrize("module", sorted(n for n in MODULES if _within(n, CORE)))
 def test_the_core_never_reaches_a_protocol_library_or_a_side(module: str) -> None:
     reached = reachable(module)
     libraries = sorted({_top_level(n) for n in reached} & PROTOCOL_LIBRARIES)
     sides = sorted(n for n in reached if _within(n, SIDES))
     assert not libraries, f"{module} reaches {libraries}"
     assert not sides, f"{module} reaches {sides}"
-
-
-@pytest.mark.parametrize("module", CONFIG)
-def test_configuration_is_pure_data(module: str) -> None:
-    reached = reachable(module)
-    forbidden = sorted({_top_level(n) for n in reached} & (PROTOCOL_LIBRARIES | {"ssl"}))
-    sides = sorted(n for n in reached if _within(n, SIDES))
-    assert not forbidden, f"{module} reaches {forbidden}"
-    assert not sides, f"{module} reaches {sides}"
+    assert not any(n in OPENTELEMETRY_MODULES for n in reached), module
 
 
 @pytest.mark.parametrize("side", ["dispatcher.broker", "dispatcher.http"])
@@ -136,25 +214,54 @@ def test_a_side_does_not_reach_the_other_or_the_wiring(side: str) -> None:
         assert not reached & WIRING, module
 
 
-# The modules that decide a message's fate; what they exchange with the broker
-# side (Received, Action, ChannelState) lives in ``dispatcher.seams``.
-DECIDING = {
-    "dispatcher.handler",
-    "dispatcher.engine",
-    "dispatcher.deadletter",
-    "dispatcher.reply",
-    "dispatcher.dedupe",
-    "dispatcher.requeues",
-}
+def test_where_acks_are_decided_is_reached_by_the_wiring_alone() -> None:
+    """The sides see a message's handling through the seams (``Received``,
+    ``Action``, ``Handle``), never the handler that decides it."""
+    handler = "dispatcher.delivery.handler"
+    importers = sorted(m for m in MODULES if handler in own(m) and not _within(m, CORE))
+    assert set(importers) <= WIRING, importers
 
 
-@pytest.mark.parametrize("module", sorted(n for n in MODULES if _within(n, ("dispatcher.broker",))))
-def test_the_broker_side_imports_what_crosses_from_the_seams_not_from_the_core(
-    module: str,
-) -> None:
-    imported = {_resolve(n) for n in direct_imports(module) if n.startswith("dispatcher")}
-    assert not imported & DECIDING, f"{module} imports {sorted(imported & DECIDING)}"
+def test_retry_imports_nothing_of_the_package() -> None:
+    """Configuration imports retry's vocabulary: retry must not import it back."""
+    assert not own("dispatcher.delivery.retry")
 
 
-def test_configuration_and_retry_do_not_import_each_other() -> None:
-    assert not any(_within(n, ("dispatcher.config",)) for n in reachable("dispatcher.retry"))
+def test_no_module_imports_itself_back() -> None:
+    """Not through any chain, ``TYPE_CHECKING`` imports included: a circle is a type
+    in the wrong place (Tarjan's strongly connected components of the graph)."""
+    graph = {module: own(module) for module in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_every_package_has_a_rule() -> None:
+    packages = {module_name(p) for p in PACKAGE.rglob("__init__.py")} - {"dispatcher"}
+    top = {name for name in packages if name.count(".") == 1}
+    assert top <= set(RULES), sorted(top - set(RULES))

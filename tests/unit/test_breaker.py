@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import structlog
 
-from dispatcher.breaker import PASS, PROBE, CircuitBreaker, CircuitState, reported
 from dispatcher.config import CircuitBreakerSettings
+from dispatcher.delivery.breaker import PASS, PROBE, CircuitBreaker, CircuitState, reported
+from dispatcher.delivery.rate_limit import RateLimit
+from dispatcher.delivery.waits import Waits
 from dispatcher.loop import Future, Loop
-from dispatcher.metrics import Metrics
-from dispatcher.rate_limit import RateLimit
-from dispatcher.waits import Waits
+from dispatcher.observe.metrics import Metrics
 
 SETTINGS = CircuitBreakerSettings(
     failure_ratio=0.5, min_attempts=4, window=10.0, open_for=2.0, max_open=5.0
@@ -278,9 +278,9 @@ def test_readiness_says_paused_only_while_the_channel_is_fine(h: Harness) -> Non
     import itertools
     from types import SimpleNamespace
 
-    from dispatcher.broker.consumer import Consumer, Shared
+    from dispatcher.broker.channel import BindingChannel, Shared
     from dispatcher.config import BindingSettings
-    from dispatcher.retry import Backoff
+    from dispatcher.delivery.retry import Backoff
 
     shared = Shared(
         Metrics(),
@@ -289,10 +289,15 @@ def test_readiness_says_paused_only_while_the_channel_is_fine(h: Harness) -> Non
         itertools.count(1),
         lambda: None,
         lambda: None,
-        lambda _name, _received: None,
+        lambda _coro: None,
+        Waits(h.loop),
+        lambda: None,
     )
-    consumer = Consumer(
-        BindingSettings(name="b", queue="q", subscriber="http://127.0.0.1:1/"), shared, h.breaker
+    consumer = BindingChannel(
+        BindingSettings(name="b", queue="q", subscriber="http://127.0.0.1:1/"),
+        shared,
+        _never_handled,
+        h.breaker,
     )
     h.attempts(True, True, True, True)
     assert h.state is CircuitState.OPEN
@@ -303,3 +308,7 @@ def test_readiness_says_paused_only_while_the_channel_is_fine(h: Harness) -> Non
     assert consumer.consumption == "down"
     consumer.channel, consumer.ready = None, False
     assert consumer.consumption == "down"
+
+
+async def _never_handled(_received: object) -> Any:
+    raise AssertionError("no message is delivered here")

@@ -16,8 +16,8 @@ from dispatcher.broker.params import (
 from dispatcher.broker.pika_loop import LoopConnection
 from dispatcher.broker.publisher import Publisher
 from dispatcher.config import BrokerSettings, ReconnectSettings, load_settings
+from dispatcher.delivery.retry import Backoff
 from dispatcher.loop import Loop
-from dispatcher.retry import Backoff
 from tests.support.node import free_port
 
 
@@ -201,7 +201,7 @@ def test_a_rotation_needs_a_node():
 
 def test_the_consumer_and_the_publisher_go_round_every_node():
     from dispatcher.broker.supervisor import Supervisor
-    from dispatcher.metrics import Metrics
+    from dispatcher.observe.metrics import Metrics
 
     loop = Loop()
     supervisor = Supervisor(CLUSTER, Metrics(), loop, lambda _name, _received: None)

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from dispatcher.dedupe import Claim, MemoryDedupe
+from dispatcher.delivery.dedupe import MemoryDedupe
+from dispatcher.delivery.seams import Claim
+from dispatcher.delivery.waits import Waits
 from dispatcher.loop import Loop
-from dispatcher.waits import Waits
 
 KEY = ("/src", "id-1")
 
@@ -163,7 +164,7 @@ class FakeStore:
 
 
 def shared_on(loop: Loop, store: FakeStore) -> Any:
-    from dispatcher.dedupe import SharedDedupe
+    from dispatcher.delivery.dedupe import SharedDedupe
 
     waits = Waits(loop)
     return SharedDedupe("b", 10.0, 30.0, waits, store, MemoryDedupe(10.0, waits))

@@ -2,7 +2,7 @@
 
 The reference reads the configuration as written (the YAML's dicts and lists)
 and says what Knative's filter would: it shares no code with
-``dispatcher.filters`` or with the settings tree it is compiled from.
+``dispatcher.delivery.filters`` or with the settings tree it is compiled from.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatcher.config import settings_from_dict
-from dispatcher.filters import compile_filter
+from dispatcher.delivery.filters import compile_filter
 from tests.support.fuzz import fuzz_settings
 
 # ------------------------------------------------------------------ reference

@@ -40,12 +40,15 @@ import pika.data
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from dispatcher import amqp_binding, http_binding, json_format
 from dispatcher.config import settings_from_dict
-from dispatcher.deadletter import Failure, dead_letter_event
+from dispatcher.delivery.deadletter import dead_letter_event
+from dispatcher.delivery.handler import Handler
+from dispatcher.delivery.verdicts import Failure
 from dispatcher.errors import EventError
-from dispatcher.events import AmqpMessage, Event
-from dispatcher.handler import Handler
+from dispatcher.event import amqp as amqp_binding
+from dispatcher.event import http as http_binding
+from dispatcher.event import json_format
+from dispatcher.event.cloudevent import AmqpMessage, Event
 from tests.support.fuzz import fuzz_settings
 
 FUZZ = fuzz_settings(200, suppress=[HealthCheck.too_slow, HealthCheck.data_too_large])

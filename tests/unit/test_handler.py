@@ -7,19 +7,18 @@ from typing import Any
 
 import pytest
 
-from dispatcher import logs
 from dispatcher.config import settings_from_dict
-from dispatcher.deadletter import DeadLetterer
-from dispatcher.dedupe import Claim
-from dispatcher.events import AmqpMessage
-from dispatcher.handler import Handler
+from dispatcher.delivery.deadletter import DeadLetterer
+from dispatcher.delivery.handler import Handler
+from dispatcher.delivery.reply import Replier
+from dispatcher.delivery.seams import Action, Claim, Received
+from dispatcher.delivery.waits import Waits
+from dispatcher.event.cloudevent import AmqpMessage
 from dispatcher.http.endpoint import Endpoint
 from dispatcher.http.target import HttpTarget
 from dispatcher.loop import Loop
-from dispatcher.metrics import Metrics
-from dispatcher.reply import Replier
-from dispatcher.seams import Action, Received
-from dispatcher.waits import Waits
+from dispatcher.observe import logs
+from dispatcher.observe.metrics import Metrics
 
 EVENT_HEADERS = {"ce-specversion": "1.0", "ce-id": "e-1", "ce-source": "/s", "ce-type": "t"}
 
@@ -78,7 +77,7 @@ def test_a_claim_answered_after_grace_starts_no_request(redelivered: bool) -> No
         waits,
         logs.DeliveryLines(),
     )
-    received = Received(1, 1, redelivered, AmqpMessage(b"{}", EVENT_HEADERS))
+    received = Received(1, redelivered, AmqpMessage(b"{}", EVENT_HEADERS))
     try:
         action = loop.run_until_complete(handler.handle(received))
     finally:

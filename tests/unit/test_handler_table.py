@@ -9,7 +9,7 @@ and what each fake was sent. In the manner of Knative's dispatcher_test.go (a
 table of subscriber, dead-letter and reply answers) and dramatiq's StubBroker
 (the real logic, an in-memory transport).
 
-The expectations are the rules of ``dispatcher/handler.py`` (its docstring:
+The expectations are the rules of ``dispatcher/delivery/handler.py`` (its docstring:
 ACK only after a 2xx and an accepted reply, or after a dead-letter target
 accepted; else REJECT with the queue's own dead-letter exchange, else REQUEUE
 after a backoff; LEAVE when shutdown cuts a wait short) and of
@@ -34,28 +34,31 @@ from urllib.parse import unquote
 
 import pytest
 
-from dispatcher import amqp_binding, logs
 from dispatcher.config import BindingSettings, settings_from_dict
-from dispatcher.deadletter import DeadLetterer
-from dispatcher.dedupe import Claim, Key, MemoryDedupe
-from dispatcher.events import AmqpMessage, Event, HttpRequestParts, Unreadable
-from dispatcher.filters import compile_filter
-from dispatcher.handler import Handler
-from dispatcher.loop import Future, Loop
-from dispatcher.metrics import Metrics
-from dispatcher.reply import Replier
-from dispatcher.seams import (
-    LOGGED_OUTCOMES,
+from dispatcher.delivery.deadletter import DeadLetterer
+from dispatcher.delivery.dedupe import MemoryDedupe
+from dispatcher.delivery.filters import compile_filter
+from dispatcher.delivery.handler import Handler
+from dispatcher.delivery.reply import Replier
+from dispatcher.delivery.seams import (
     Accept,
     Action,
     ChannelState,
+    Claim,
     Found,
+    Key,
     Received,
     Response,
     Result,
     Sent,
 )
-from dispatcher.waits import Waits
+from dispatcher.delivery.waits import Waits
+from dispatcher.event import amqp as amqp_binding
+from dispatcher.event.cloudevent import AmqpMessage, Event, HttpRequestParts, Unreadable
+from dispatcher.loop import Future, Loop
+from dispatcher.observe import logs
+from dispatcher.observe.metrics import Metrics
+from dispatcher.observe.outcomes import LOGGED_OUTCOMES
 
 # ----------------------------------------------------------------------------- fakes
 
@@ -1127,7 +1130,7 @@ def run(row: Row, messages: int = 1) -> Ran:
         channel.open = row.channel_open
         for tag in range(messages):
             redelivered = row.redelivered or tag > 0
-            received = Received(1, tag, redelivered, row.message, row.unreadable, channel)
+            received = Received(tag, redelivered, row.message, row.unreadable, channel)
             action = loop.run_until_complete(handler.handle(received))
     finally:
         loop.close()

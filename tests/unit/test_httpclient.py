@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from dispatcher.config import TlsSettings
+from dispatcher.delivery.seams import Response
+from dispatcher.delivery.waits import Waits
 from dispatcher.errors import ConfigError
 from dispatcher.http.client import HttpClient, Reading, request_headers
 from dispatcher.http.endpoint import Endpoint, endpoint
 from dispatcher.loop import Loop
-from dispatcher.seams import Response
-from dispatcher.waits import Waits
 from tests.support.node import make_tls_material
 from tests.support.raw_http import RawServer, Step, drip, ok
 

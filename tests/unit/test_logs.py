@@ -7,7 +7,7 @@ import json
 import pytest
 import structlog
 
-from dispatcher import logs
+from dispatcher.observe import logs
 
 FIELDS = {
     "binding": "b",
@@ -126,8 +126,8 @@ def test_a_full_pipe_holds_lines_then_drops_whole_ones_and_says_how_many(monkeyp
     import os
     import sys
 
-    from dispatcher import log_output
     from dispatcher.loop import WRITABLE, Loop
+    from dispatcher.observe import log_output
     from tests.support.loops import run_until
 
     read_end, write_end = os.pipe()
@@ -186,8 +186,8 @@ def test_detach_with_the_reader_gone_ends_quietly_and_closes_its_descriptor(monk
     import os
     import sys
 
-    from dispatcher import log_output
     from dispatcher.loop import WRITABLE, Loop
+    from dispatcher.observe import log_output
 
     read_end, write_end = os.pipe()
     monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))

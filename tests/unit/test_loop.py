@@ -11,8 +11,8 @@ import pytest
 import structlog
 
 from dispatcher import loop as loop_module
+from dispatcher.delivery.waits import Waits
 from dispatcher.loop import Future, Loop
-from dispatcher.waits import Waits
 
 T = TypeVar("T")
 

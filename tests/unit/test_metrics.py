@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dispatcher.metrics import RECONNECT_REASONS, Metrics, code_class, duration_buckets
+from dispatcher.observe.metrics import RECONNECT_REASONS, Metrics, code_class, duration_buckets
 
 
 def test_code_classes():

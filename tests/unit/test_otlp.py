@@ -13,10 +13,10 @@ import pytest
 import structlog
 
 from dispatcher.config import TracingSettings
-from dispatcher.events import Event
-from dispatcher.otlp import OtlpTracer
-from dispatcher.otlp_encoding import Encoder
-from dispatcher.tracing import peer
+from dispatcher.event.cloudevent import Event
+from dispatcher.observe.otlp import OtlpTracer
+from dispatcher.observe.otlp_encoding import Encoder
+from dispatcher.observe.tracing import peer
 from tests.support.broker import wait_until
 from tests.support.otlp import Collector
 

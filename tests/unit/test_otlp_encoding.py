@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from dispatcher.otlp_encoding import (
+from dispatcher.observe.otlp_encoding import (
     CLIENT,
     CONSUMER,
     ERROR,

@@ -7,10 +7,11 @@ import structlog
 
 from dispatcher.broker.confirm_link import _closed_why
 from dispatcher.config import DeadLetterSettings
-from dispatcher.deadletter import DeadLetterer, Failure
-from dispatcher.events import Event, HttpRequestParts
+from dispatcher.delivery.deadletter import DeadLetterer
+from dispatcher.delivery.seams import Response, Result, Sent
+from dispatcher.delivery.verdicts import Failure
+from dispatcher.event.cloudevent import Event, HttpRequestParts
 from dispatcher.loop import Loop
-from dispatcher.seams import Response, Result, Sent
 
 
 class NoAnswer:

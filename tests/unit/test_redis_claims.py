@@ -9,8 +9,8 @@ import structlog
 from redis.crc import key_slot
 
 from dispatcher.loop import Loop
-from dispatcher.metrics import Metrics
-from dispatcher.redis_claims import ANSWER_BOUND, PROBE_KEYS, RedisClaims
+from dispatcher.observe.metrics import Metrics
+from dispatcher.store.redis_claims import ANSWER_BOUND, PROBE_KEYS, RedisClaims
 
 
 def test_a_claim_nobody_answers_is_answered_none_within_the_bound() -> None:
@@ -60,10 +60,10 @@ def test_a_probe_whose_script_cannot_be_loaded_fails_quietly() -> None:
         loop.close()
 
 
-def test_settlements_past_the_bound_drop_the_oldest_and_say_so_once(monkeypatch) -> None:
+def test_actionss_past_the_bound_drop_the_oldest_and_say_so_once(monkeypatch) -> None:
     """A long outage under load: the oldest settlements go (their events, redelivered
     elsewhere, will not be found settled), which was said nowhere."""
-    monkeypatch.setattr("dispatcher.redis_claims.MAX_PENDING", 3)
+    monkeypatch.setattr("dispatcher.store.redis_claims.MAX_PENDING", 3)
     loop = Loop("test")
     try:
         claims = RedisClaims("redis://127.0.0.1:1/0", loop, Metrics())  # never started

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.retry import Backoff, Decision, classify, retried_statuses
+from dispatcher.delivery.retry import Backoff, Decision, classify, retried_statuses
 
 
 @pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
@@ -51,7 +51,7 @@ def test_retry_on(retry_on, status, verdict):
 
 
 def test_the_default_is_the_old_table():
-    from dispatcher.retry import DEFAULT_RETRY_ON
+    from dispatcher.delivery.retry import DEFAULT_RETRY_ON
 
     retried = retried_statuses(DEFAULT_RETRY_ON)
     for status in range(100, 600):

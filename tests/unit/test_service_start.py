@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from dispatcher import cli
 from dispatcher.config import settings_from_dict
 from dispatcher.errors import ConfigError
-from dispatcher.http.server import OpsServer
+from dispatcher.ops.server import OpsServer
 from dispatcher.service import Service
 from tests.support.node import free_port
 

@@ -11,7 +11,7 @@ import structlog
 
 from dispatcher.broker.params import nodes
 from dispatcher.config import BrokerSettings, TlsSettings
-from dispatcher.tls import ReloadingContext
+from dispatcher.credentials.tls import ReloadingContext
 from tests.support.node import make_tls_material
 
 

@@ -9,14 +9,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher import verdicts
-from dispatcher.deadletter import ERROR_DATA_BYTES, Failure
-from dispatcher.dedupe import Claim, MemoryDedupe
-from dispatcher.events import Event
+from dispatcher.delivery import verdicts
+from dispatcher.delivery.dedupe import MemoryDedupe
+from dispatcher.delivery.seams import Action, Claim
+from dispatcher.delivery.verdicts import (
+    ERROR_DATA_BYTES,
+    DeadLetter,
+    Failure,
+    ForwardReply,
+    VerdictMemory,
+)
+from dispatcher.delivery.waits import Waits
+from dispatcher.event.cloudevent import Event
 from dispatcher.loop import Loop
-from dispatcher.seams import Action
-from dispatcher.verdicts import DeadLetter, ForwardReply, VerdictMemory
-from dispatcher.waits import Waits
 from tests.unit.test_handler_table import (
     REPLY_EXCHANGE,
     REPLY_HEAD,

@@ -1,0 +1,1 @@
+"""What happens to a message: the handler that decides, and the policies it applies."""

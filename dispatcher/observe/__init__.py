@@ -1,0 +1,1 @@
+"""What the service says about itself: logs, metrics, traces."""

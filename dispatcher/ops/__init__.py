@@ -1,0 +1,1 @@
+"""The operations listener: /metrics, /healthz, /readyz."""

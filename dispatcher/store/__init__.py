@@ -1,0 +1,1 @@
+"""The shared dedupe store every replica uses (Redis)."""
