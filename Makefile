@@ -6,6 +6,9 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 CONFIG ?= config/dispatcher.yaml
 DEMO_PORT ?= 8080
 PYTEST_ARGS ?=
+# make test runs the suite on this many pytest-xdist workers: most of its time is
+# spent waiting on brokers and subscribers, not on a CPU (docs/design.md, "Tests").
+WORKERS ?= 2
 # e.g. make bench BENCH_ARGS="--workloads W1,W3 --contenders dispatcher,b --repeat 1"
 # (--quick: a smoke run). The service suite needs nginx: apt-get install -y nginx-light
 BENCH_ARGS ?=
@@ -68,7 +71,7 @@ test: $(VENV)/.installed
 	@bash .ci/tools
 	@bash .ci/broker
 	@bash .ci/redis
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.installed
 	$(PY) -m pytest -m "not broker and not fault and not spark and not redis" $(PYTEST_ARGS)

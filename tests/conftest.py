@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import statistics
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from dispatcher import logs
 from dispatcher.config import settings_from_dict
+from dispatcher.observe import logs
 from dispatcher.service import Service
 from tests.support import broker
 from tests.support.process import SERVICE_VARIABLES
@@ -140,3 +141,36 @@ def run_service() -> Iterator[Callable[..., RunningService]]:
         # A fault test may leave its node stopped; its queues go with the node.
         with contextlib.suppress(Exception):
             broker.delete(queues, exchanges, url=url)
+
+
+# The fault tests' recovery times (tests/faults/conftest.py puts them on the reports),
+# gathered in whichever process prints the summary: the only one, or xdist's controller.
+_REPORTED: list[tuple[str, float]] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """How ``make test`` spreads the tests over its workers (pytest-xdist,
+    ``--dist loadgroup``): the Spark tests on one worker (one Spark session, as
+    on a single process), each fault module whole on one worker (its disposable
+    nodes started once), the rest test by test, wherever a worker is free."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif item.nodeid.startswith("tests/faults/"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        _REPORTED.extend(value for key, value in report.user_properties if key == "recovery")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _REPORTED:
+        return
+    values = [seconds for _, seconds in _REPORTED]
+    terminalreporter.write_line(
+        "broker back -> consuming again: "
+        + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in _REPORTED)
+        + f" | median {statistics.median(values):.2f}s, worst {max(values):.2f}s"
+    )
