@@ -13,6 +13,7 @@ back and redelivers it to the service once it reconnects.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -38,34 +39,41 @@ def settled(svc) -> float:
     return svc.events("delivered") + svc.events("dead_lettered")
 
 
-def lose_the_confirm(proxy: FaultProxy, queue: str) -> None:
-    """Once the publish is in ``queue`` (its confirm held back), cut both connections."""
+def through_a_lost_confirm(
+    run_service: Any, proxy: FaultProxy, sub: Any, event_id: str, publishes: str, retry: int
+) -> tuple[Any, list[tuple[Any, bytes]]]:
+    """A service publishing ``event_id``'s dead letter or reply (``publishes``: the
+    binding's ``dead_letter`` or ``reply``) to a fresh exchange: once that publish
+    is in its queue, its confirm held back, both connections are cut. When the
+    redelivery has ended: the subscriber was asked once, the message is acked,
+    and what the exchange's queue holds is returned."""
+    exchange, queue = broker.declare_fanout_with_queue()
+    svc = run_service(
+        sub.url,
+        url=proxy.url,
+        delivery={"retry": retry, "timeout": "5s"},
+        extra_queues=[queue],
+        extra_exchanges=[exchange],
+        **{publishes: {"exchange": exchange}},
+    )
+    publish(svc.queue, headers=event_headers(event_id))
     wait_until(lambda: queue_depth(queue) >= 1, message=f"the publish in {queue}")
     proxy.pass_confirms()
     proxy.reset_all()
+    wait_until(lambda: settled(svc) >= 1, 20, "the redelivery to end")
+    assert sub.ids() == [event_id]  # one request: the redelivery carried the verdict out
+    wait_until(lambda: queue_depth(svc.queue) == 0, message="the message acked")
+    return svc, broker.get_all(queue)
 
 
 def test_a_dead_letter_whose_confirm_was_lost_is_published_again_not_sent_again(
     make_subscriber, run_service, confirms_lost
 ):
     sub = make_subscriber(lambda _r, i: Reply(400) if i == 0 else Reply(200))
-    dlx, dlq = broker.declare_fanout_with_queue()
-    svc = run_service(
-        sub.url,
-        url=confirms_lost.url,
-        delivery={"retry": 0, "timeout": "5s"},
-        dead_letter={"exchange": dlx},
-        extra_queues=[dlq],
-        extra_exchanges=[dlx],
+    svc, letters = through_a_lost_confirm(
+        run_service, confirms_lost, sub, "lost-dl", "dead_letter", retry=0
     )
-    publish(svc.queue, headers=event_headers("lost-dl"))
-    lose_the_confirm(confirms_lost, dlq)
-    wait_until(lambda: settled(svc) >= 1, 20, "the redelivery to end")
-    assert svc.events("dead_lettered") == 1
-    assert sub.ids() == ["lost-dl"]  # one request: the redelivery carried the verdict out
-    assert svc.events("delivered") == 0
-    wait_until(lambda: queue_depth(svc.queue) == 0, message="the message acked")
-    letters = broker.get_all(dlq)
+    assert (svc.events("dead_lettered"), svc.events("delivered")) == (1, 0)
     assert [props.headers["ce-id"] for props, _ in letters] == ["lost-dl", "lost-dl"]
     # Both copies carry the subscriber's one answer.
     assert {props.headers["ce-knativeerrorcode"] for props, _ in letters} == {"400"}
@@ -75,22 +83,9 @@ def test_a_reply_whose_confirm_was_lost_is_published_again_not_sent_again(
     make_subscriber, run_service, confirms_lost
 ):
     sub = make_subscriber(lambda _r, _i: Reply(200, headers=REPLY, body=b'{"r": 1}'))
-    exchange, replies = broker.declare_fanout_with_queue()
-    svc = run_service(
-        sub.url,
-        url=confirms_lost.url,
-        delivery={"retry": 2, "timeout": "5s"},
-        reply={"exchange": exchange},
-        extra_queues=[replies],
-        extra_exchanges=[exchange],
+    svc, copies = through_a_lost_confirm(
+        run_service, confirms_lost, sub, "lost-reply", "reply", retry=2
     )
-    publish(svc.queue, headers=event_headers("lost-reply"))
-    lose_the_confirm(confirms_lost, replies)
-    wait_until(lambda: settled(svc) >= 1, 20, "the redelivery to end")
-    assert svc.events("delivered") == 1
-    assert sub.ids() == ["lost-reply"]
-    wait_until(lambda: queue_depth(svc.queue) == 0, message="the message acked")
-    copies = broker.get_all(replies)
+    assert (svc.events("delivered"), svc.events("dead_lettered")) == (1, 0)
     assert [props.headers["ce-id"] for props, _ in copies] == ["r-1", "r-1"]
     assert {body for _, body in copies} == {b'{"r": 1}'}
-    assert svc.events("dead_lettered") == 0
