@@ -55,13 +55,11 @@ class Room(Generic[T]):
         self._current = self._given = self._setting_up = 0
         self._last_tag = self._watermark = 0
 
-    def drop_waiting(self) -> list[T]:
+    def drop_waiting(self) -> None:
         """Let the waiting messages go unsent (their channel is gone or closing: the
-        broker has them back); those dropped."""
-        dropped = list(self.waiting)
+        broker has them back)."""
+        self.held -= len(self.waiting)
         self.waiting.clear()
-        self.held -= len(dropped)
-        return dropped
 
     # ----------------------------------------------------------------- consumers
 

@@ -51,9 +51,10 @@ from collections import OrderedDict
 from typing import Final, Literal
 
 from dispatcher.delivery import verdicts
-from dispatcher.delivery.seams import Claim, ClaimStore, Found, Key
+from dispatcher.delivery.seams import Claim, ClaimStore, Found
 from dispatcher.delivery.verdicts import Verdict, VerdictMemory
 from dispatcher.delivery.waits import Waits
+from dispatcher.event.cloudevent import Key
 from dispatcher.observe import tracing
 from dispatcher.observe.logs import get_logger
 
@@ -134,13 +135,12 @@ class MemoryDedupe:
             del self._in_flight[claim.key]
         if settled:
             self._verdicts.forget(claim.key)
-        elif verdict is not None:
-            self._verdicts.remember(claim.key, verdict)
-        if settled:
             self._settled[claim.key] = self._waits.time() + self._window
             self._settled.move_to_end(claim.key)
             while len(self._settled) > self._capacity:
                 self._settled.popitem(last=False)
+        elif verdict is not None:
+            self._verdicts.remember(claim.key, verdict)
         if claim.done is not None:
             claim.done.resolve(settled)
 

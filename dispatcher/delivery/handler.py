@@ -2,8 +2,8 @@
 
 ``Handler.handle`` is a coroutine on the engine loop (every wait in it, for
 the subscriber, a retry, a confirm or a duplicate claim, awaits a future; no
-thread is held) and returns an ``Action`` that the binding's consumer applies
-to the message's own channel generation at once, on the same loop. The
+thread is held) and returns an ``Action`` that the binding's channel sends at
+once, on the channel the message arrived on, on the same loop. The
 rules (at-least-once: a message is acked only once somebody has taken
 responsibility for its event):
 
@@ -377,14 +377,18 @@ class Handler:
         self, event: Event, trace: Mapping[str, str], channel: ChannelState, started: float
     ) -> _Final:
         request = http.to_http(event, self._binding.content_mode, trace)
-        pending = _PendingReply()
-        accept = partial(self._forward_reply, trace, pending) if self._replier.enabled else None
+        pending, accept = None, None
+        if self._replier.enabled:
+            pending = _PendingReply()
+            accept = partial(self._forward_reply, trace, pending)
         outcome = await self._subscriber.send(request, accept, channel.is_open, started)
         last, refusal = outcome.last, outcome.refusal
+        # The reply of the last attempt's 2xx, if it ended the delivery unforwarded
+        # (an earlier attempt's is not: a later answer decides).
+        verdict = pending.verdict() if pending is not None and refusal is not None else None
         if outcome.result is Result.ABANDONED:
             # Shutdown, or the channel closed with a reply not forwarded: that
             # reply is the redelivery's to forward.
-            verdict = pending.verdict()
             return _Final(Action.LEAVE, None, outcome.attempts, last.status, verdict=verdict)
         if outcome.result is Result.RETURNED:
             # Held by the open circuit breaker as long as the broker lets a message
@@ -399,7 +403,6 @@ class Handler:
             failure = Failure(last.status, last.body, reason=None if last.status else last.error)
         elif refusal.retry and self._waits.given_up:
             # Shutdown cut the reply short: not the event's failure. Leave it.
-            verdict = pending.verdict()
             return _Final(
                 Action.LEAVE, None, outcome.attempts, last.status, refusal.reason, verdict
             )

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
-Key = tuple[str, str]  # (source, id)
+from dispatcher.event.cloudevent import Key
 
 DEFAULT_CAPACITY: Final = 10_000
 

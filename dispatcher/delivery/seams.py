@@ -13,7 +13,10 @@ the core's imports (``tests/unit/test_boundaries.py``).
   confirmed it (``broker.publisher.Publisher``).
 - ``Dedupe``: a binding's duplicate suppression (``dedupe.MemoryDedupe``,
   ``dedupe.SharedDedupe``); ``ClaimStore`` is what ``SharedDedupe`` needs of
-  the store every replica shares (``redis_claims.RedisClaims``).
+  the store every replica shares (``store.redis_claims.RedisClaims``).
+- ``Handle``: what a binding's channel (``broker.channel.BindingChannel``) runs
+  for each ``Received`` message, and the ``Action`` it sends back; the
+  message's ``ChannelState`` says whether its channel still lives.
 
 A failed attempt is a value, not an exception: ``Response.status`` is
 ``None`` when no HTTP status came back (a timeout, a refused connection, a
@@ -33,7 +36,7 @@ from dispatcher.observe import tracing
 
 if TYPE_CHECKING:
     from dispatcher.delivery.verdicts import Verdict
-    from dispatcher.event.cloudevent import AmqpMessage, Event, HttpRequestParts, Unreadable
+    from dispatcher.event.cloudevent import AmqpMessage, Event, HttpRequestParts, Key, Unreadable
     from dispatcher.loop import Future
 
 
@@ -103,7 +106,9 @@ def parse_head(lines: list[bytes]) -> dict[str, str]:
 class Result(Enum):
     DELIVERED = "delivered"  # a 2xx
     FAILED = "failed"  # not retryable, or retries exhausted
-    ABANDONED = "abandoned"  # shutdown ended a retry wait: leave the message unacked
+    # Shutdown ended a retry wait, or the message's channel went while it waited:
+    # leave the message unacked (the broker's redelivery is the copy).
+    ABANDONED = "abandoned"
     # Held in an open circuit breaker as long as a message may stay unacked: give
     # it back to the queue, its retries unspent.
     RETURNED = "returned"
@@ -201,9 +206,6 @@ async def traced_publish(
     error = await publisher.publish_event(exchange, routing_key, event, timeout, producing.headers)
     producing.end(error)
     return error
-
-
-Key = tuple[str, str]  # (source, id): what identifies an event for duplicate detection
 
 
 @dataclass(slots=True)

@@ -28,27 +28,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dispatcher.event.cloudevent import Event
-
-Key = tuple[str, str]  # (source, id)
+from dispatcher.event.cloudevent import Event, Key
 
 DEFAULT_CAPACITY: Final = 10_000
 # A reply verdict holds a whole reply event (up to max_body_size): the memory of
 # them all is bounded by its bytes too, the oldest forgotten first.
 DEFAULT_BYTES: Final = 64 * 1024 * 1024
 _FORMAT: Final = 1
-ERROR_DATA_CHARS = 1024
-# 768 bytes are exactly 1024 base64 characters.
-ERROR_DATA_BYTES = ERROR_DATA_CHARS // 4 * 3
+# What of an answer's body a dead letter carries (``knativeerrordata``, at most
+# 1024 base64 characters): 768 bytes are exactly that.
+ERROR_DATA_BYTES: Final = 1024 // 4 * 3
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
     """Why an event is being dead-lettered."""
 
-    code: (
-        int | None
-    )  # last HTTP status; None: no answer (timeout, transport error) or our own decision
+    # The last HTTP status; None: no answer (a timeout, a transport error) or our own decision.
+    code: int | None
     body: bytes = b""
     reason: str | None = None
     destination: str | None = None  # whose answer ``code`` and ``body`` are; None: the subscriber's

@@ -45,6 +45,11 @@ _SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
 # --------------------------------------------------------------------- values
 
 
+# (source, id): what identifies an event, for duplicate suppression, requeue
+# counts and verdicts.
+Key = tuple[str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """A CloudEvent as dispatcher forwards it: string attributes and raw data bytes."""
@@ -65,7 +70,7 @@ class Event:
         return self.attributes["type"]
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> Key:
         """(source, id): what identifies an event for duplicate detection."""
         return (self.attributes["source"], self.attributes["id"])
 

@@ -409,19 +409,18 @@ class RedisClaims:
             pipe, _SETTLE, [(s.key, (s.owner, int(s.settled), s.window_ms)) for s in settles]
         )
         claimed = self._calls(pipe, _CLAIM, [(c.key, (c.owner, c.ttl_ms)) for c in claims])
-        for c in claims:
-            if c.verdict_key is not None:
-                pipe.get(c.verdict_key)
+        # Redeliveries' claims also read what an attempt left for them (rare: only
+        # a redelivery asks, and only when this replica remembers nothing).
+        reading = [(i, c.verdict_key) for i, c in enumerate(claims) if c.verdict_key is not None]
+        for _index, verdict_key in reading:
+            pipe.get(verdict_key)
         results: list[Any] = pipe.execute()
         found: list[int | bytes] = [
             int(answer) for answers in results[skip : skip + claimed] for answer in answers
         ]
-        read = iter(results[skip + claimed :])  # one per claim that asked, in order
-        for index, c in enumerate(claims):
-            if c.verdict_key is not None:
-                verdict = next(read)
-                if verdict is not None and found[index] == CLAIMED:
-                    found[index] = bytes(verdict)
+        for (index, _key), verdict in zip(reading, results[skip + claimed :], strict=True):
+            if verdict is not None and found[index] == CLAIMED:
+                found[index] = bytes(verdict)
         return found
 
     def _calls(self, pipe: Any, script: str, keyed: list[tuple[str, tuple[object, ...]]]) -> int:

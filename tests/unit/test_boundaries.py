@@ -67,9 +67,7 @@ RULES: dict[str, Rule] = {
     "dispatcher.signals": rule(),
     "dispatcher.cli": rule("config observe pipeline resolve service signals"),
     "dispatcher.resolve": rule("config credentials http store", "pika redis ssl"),
-    "dispatcher.service": rule(
-        "broker config delivery event http loop observe ops resolve store", "pika"
-    ),
+    "dispatcher.service": rule("broker config delivery event http loop observe ops resolve store"),
     "dispatcher.__main__": rule("cli"),
 }
 # Inside observe, only the exporter reaches OpenTelemetry: with tracing off nothing loads it.

@@ -46,7 +46,6 @@ from dispatcher.delivery.seams import (
     ChannelState,
     Claim,
     Found,
-    Key,
     Received,
     Response,
     Result,
@@ -54,7 +53,7 @@ from dispatcher.delivery.seams import (
 )
 from dispatcher.delivery.waits import Waits
 from dispatcher.event import amqp as amqp_binding
-from dispatcher.event.cloudevent import AmqpMessage, Event, HttpRequestParts, Unreadable
+from dispatcher.event.cloudevent import AmqpMessage, Event, HttpRequestParts, Key, Unreadable
 from dispatcher.loop import Future, Loop
 from dispatcher.observe import logs
 from dispatcher.observe.metrics import Metrics
@@ -71,7 +70,14 @@ class ShutdownDuring:
     outcome: Sent
 
 
-Step = Sent | ShutdownDuring | Exception
+@dataclass(frozen=True)
+class ChannelGone:
+    """The message's channel is gone when the target would send the refused 2xx
+    again: it ends the send ``ABANDONED``, unsent, the refusal kept (HttpTarget's
+    rule: the redelivery forwards the reply)."""
+
+
+Step = Sent | ShutdownDuring | ChannelGone | Exception
 
 
 class FakeTarget:
@@ -113,12 +119,16 @@ class FakeTarget:
                 return Sent(Result.DELIVERED, outcome.last, attempts)
             if not (refusal.retry and self._script):
                 return Sent(Result.FAILED, outcome.last, attempts, refusal)
+            if isinstance(self._script[0], ChannelGone):
+                self._script.pop(0)
+                return Sent(Result.ABANDONED, outcome.last, attempts, refusal)
 
     async def _attempt(self, request: HttpRequestParts) -> Sent:
         self.requests.append(request)
         if not self._script:  # the row's request counts say so; no exception into the Handler
             return Sent(Result.FAILED, Response(None, error=f"{self.name}: unscripted"), 1)
         step = self._script.pop(0)
+        assert not isinstance(step, ChannelGone), "only after a refused 2xx"
         if isinstance(step, Exception):
             raise step
         answer: Future[Sent] = self._loop.create_future()

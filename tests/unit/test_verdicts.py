@@ -26,7 +26,9 @@ from tests.unit.test_handler_table import (
     REPLY_EXCHANGE,
     REPLY_HEAD,
     SINK,
+    ChannelGone,
     Row,
+    ShutdownDuring,
     abandoned,
     config,
     failed,
@@ -168,14 +170,14 @@ def test_a_redelivery_forwards_the_reply_it_was_left_with_and_acks() -> None:
     ran = run(
         Row(
             "reply-verdict",
-            subscriber=(ok(head=REPLY_HEAD), abandoned(1), ok()),
+            subscriber=(ok(head=REPLY_HEAD), ChannelGone(), ok()),
             binding=config(REPLY_EXCHANGE),
             exchanges=Answers(replies=["channel closed", None]),
         ),
         messages=2,
     )
     assert ran.action is Action.ACK
-    assert len(ran.subscriber.requests) == 2  # the first attempt and the abandoned one
+    assert len(ran.subscriber.requests) == 1
     assert [(x, e.id) for x, _k, e in ran.publisher.published] == [("replies", "r-1")] * 2
     assert [(line["outcome"], line["attempts"], line["status"]) for line in ran.lines] == [
         ("delivered", 0, 200)
@@ -188,13 +190,30 @@ def test_a_reply_that_still_cannot_be_forwarded_is_decided_afresh() -> None:
     ran = run(
         Row(
             "reply-verdict-refused-again",
-            subscriber=(ok(head=REPLY_HEAD), abandoned(1), ok()),
+            subscriber=(ok(head=REPLY_HEAD), ChannelGone(), ok()),
             binding=config(REPLY_EXCHANGE),
             exchanges=Answers(replies=["channel closed", "nacked", None]),
         ),
         messages=2,
     )
     assert ran.action is Action.ACK
-    assert len(ran.subscriber.requests) == 3
+    assert len(ran.subscriber.requests) == 2  # the first delivery's, the redelivery's
     assert [line["outcome"] for line in ran.lines] == ["delivered"]
     assert ran.lines[0]["attempts"] == 1
+
+
+def test_an_earlier_attempts_reply_is_no_verdict_once_a_later_answer_came() -> None:
+    """Attempt 1's reply was not forwarded, attempt 2 answered 503, and shutdown
+    ended the retry wait: the latest answer is no reply, so nothing is left for
+    the redelivery to forward (it decides afresh)."""
+    ran = run(
+        Row(
+            "stale-reply",
+            subscriber=(ok(head=REPLY_HEAD), ShutdownDuring(abandoned(1))),
+            binding=config(REPLY_EXCHANGE),
+            exchanges=Answers(replies=["channel closed"]),
+        )
+    )
+    assert ran.action is Action.LEAVE
+    assert isinstance(ran.dedupe, MemoryDedupe)
+    assert len(ran.dedupe._verdicts) == 0
