@@ -347,7 +347,7 @@ def test_a_redis_cluster_store_stays_down_and_says_why_once(loop, replicas) -> N
     """A batch's keys span hash slots, which a Redis Cluster refuses (CROSSSLOT). A
     one-key probe passed there: the store came back every second and failed the
     next batch, two lines a second for ever, settlements never written."""
-    cluster = RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    cluster = RedisServer(cluster=True)
     cluster.start()
     try:
         admin = redis.Redis(port=cluster.port, socket_timeout=5, decode_responses=True)

@@ -37,12 +37,16 @@ def free_port() -> int:
     broker node boots for seconds before it binds its ports; a connection
     made meanwhile can take one (the node then fails to start, reporting
     only ``rabbit_is_not_running``). Below that range only listeners bind,
-    and this process never hands the same port out twice.
+    and this process never hands the same port out twice. Under pytest-xdist
+    each worker draws from its own residue class, so two workers never hand
+    out one port between them either (a node boots for seconds before it
+    binds, so binding here cannot tell that another worker chose it).
     """
     low = _ephemeral_low()
+    share, shares = _worker_share()
     for _ in range(1000):
         port = random.randrange(_LOWEST, low)
-        if port in _GIVEN:
+        if port % shares != share or port in _GIVEN:
             continue
         with socket.socket() as s:
             try:
@@ -56,6 +60,15 @@ def free_port() -> int:
 
 _LOWEST = 10_000
 _GIVEN: set[int] = set()
+
+
+def _worker_share() -> tuple[int, int]:
+    """(this worker's index, how many workers): (0, 1) outside pytest-xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return 0, 1
+    return int(worker[2:]) % count, count
 
 
 def _ephemeral_low() -> int:

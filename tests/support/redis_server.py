@@ -12,6 +12,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from pathlib import Path
+from typing import BinaryIO
 
 import redis
 
@@ -42,15 +44,22 @@ def binding_keys(binding: str, url: str = SHARED_URL) -> dict[str, str]:
 class RedisServer:
     """A ``redis-server`` of the test's own on a free port, no persistence."""
 
-    def __init__(self, *options: str) -> None:
-        """``options``: more ``redis-server`` arguments (``--cluster-enabled yes``)."""
-        self._options = options
+    def __init__(self, cluster: bool = False) -> None:
+        """``cluster``: a Redis Cluster node (its slots left for the test to assign)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise AssertionError("redis-server is not installed (make test installs it: .ci/redis)")
         self._binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-server-")
+        # A cluster node also listens on a bus port, port + 10000 unless told:
+        # that lands in the kernel's ephemeral range, where an outgoing
+        # connection may hold it, and the node exits at once.
+        self._options: tuple[str, ...] = ()
+        if cluster:
+            bus = str(free_port())
+            self._options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+            self._options += ("--cluster-port", bus)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,7 +68,19 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         """Start (again, empty: nothing is saved) and wait until it answers."""
-        self.proc = subprocess.Popen(
+        # The server's own words, appended across restarts, for a start that fails.
+        with open(Path(self.dir, "server.log"), "ab") as log:
+            self.proc = self._popen(log)
+        deadline = time.monotonic() + 20
+        while not self.answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = Path(self.dir, "server.log").read_text(errors="replace")[-2000:]
+                raise AssertionError(f"redis-server on port {self.port} did not start:\n{tail}")
+            time.sleep(0.05)
+        return self
+
+    def _popen(self, log: BinaryIO) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [
                 self._binary,
                 "--bind",
@@ -74,15 +95,9 @@ class RedisServer:
                 self.dir,
                 *self._options,
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 20
-        while not self.answers():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.05)
-        return self
 
     def answers(self) -> bool:
         client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
