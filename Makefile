@@ -91,6 +91,9 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 # each engine (docs/http.md, "Why libcurl"), what a filter and tracing cost per
 # event, then the batch side.
 bench: $(VENV)/.bench-installed
+	@bash .ci/tools bench
+	@bash .ci/broker
+	@bash .ci/redis
 	$(PY) tests/bench/run.py $(BENCH_ARGS)
 	$(PY) tests/bench/outage.py
 	$(PY) tests/bench/http_engines.py

@@ -277,11 +277,13 @@ class Service:
         self.supervisor.finish(timeout=CLOSE_BOUND)
         if self.publisher is not None:
             self.publisher.close(timeout=CLOSE_BOUND)
+        if self.claims is not None:
+            # The last settlements, bounded; on the loop, which drives the store's
+            # connection, so before it stops.
+            self.claims.close(timeout=CLOSE_BOUND)
         self.engine.stop(timeout=CLOSE_BOUND)
         if self._log_attached:
             logs.OUTPUT.detach()  # the loop has stopped: the last lines, bounded
-        if self.claims is not None:
-            self.claims.close(timeout=CLOSE_BOUND)  # the last settlements, bounded
         if self.tracer is not None:
             self.tracer.shutdown(timeout=CLOSE_BOUND)  # the last spans, bounded
         self.ops.close()

@@ -1,13 +1,13 @@
-"""The shared dedupe store's client: claims and settlements in Redis, off the engine.
+"""The shared dedupe store's client: claims and settlements in Redis, on the engine's loop.
 
-redis-py's client blocks, and the engine's loop must never block, so one
-thread of its own (``redis-claims``) talks to Redis. The engine's claims and
-settlements go to it in batches (the first of a batch schedules one hand-over,
-which runs after every callback already ready: all the deliveries one read
-from the broker started), and it sends everything queued as ``EVALSHA``
-calls (at most ``CHUNK`` keys each) in one pipeline: one round trip, however
-many deliveries are starting. The answers come back to the loop in one
-wake-up, so the store costs microseconds per delivery, not a round trip each.
+The engine's claims and settlements are queued, and the first of a batch
+schedules one hand-over, which runs after every callback already ready (all
+the deliveries one read from the broker started): everything queued goes to
+Redis as ``EVALSHA`` calls (at most ``CHUNK`` keys each) in one write, on a
+connection the loop drives (``redis_link``), and the replies are read when
+they arrive, by the loop, which resolves the claims' futures itself. Batches
+follow one another without waiting for the replies of the last: Redis answers
+in order. So the store costs a few microseconds per delivery and no thread.
 
 Keys are ``dispatcher:dedupe:<binding>:<digest of source and id>``; a value is
 ``c:<owner>`` while a delivery holds it (expiring with the claim's TTL, so a
@@ -20,15 +20,17 @@ for ``dedupe_window``: written in the same pipeline before the claim's release,
 so a redelivery that claims the key next reads it (``GET``, in the pipeline of
 its claim).
 
-Failures never stop delivery. Every call has a short timeout
-(``CALL_TIMEOUT``, no retries); a failed call resolves its claims with
-``None`` (the caller falls back to in-process memory), counts
+Failures never stop delivery. Every batch is answered within ``CALL_TIMEOUT``
+or the connection counts as failed (no retries); a failure resolves the claims
+in flight with ``None`` (the caller falls back to in-process memory), counts
 ``dispatcher_dedupe_store_errors_total``, sets ``dispatcher_dedupe_store_up``
-to 0 and logs once. What socket timeouts do not bound (a host name that takes
-forever to resolve) the loop does: a batch's claims still unanswered after
-``ANSWER_BOUND`` are answered ``None`` there (one timer per batch). While
-the store is down no claim waits for it: they are answered ``None`` at once,
-and a probe (a write) every ``PROBE_INTERVAL`` finds it again.
+to 0, logs once and closes the connection. Connecting happens on a short-lived
+thread (``redis-connect``: a name lookup may block), once at start and every
+``PROBE_INTERVAL`` while the store is down; what no socket timeout bounds (a
+host name that takes forever to resolve) the loop does: claims waiting for a
+connection are answered ``None`` after ``ANSWER_BOUND``. While the store is
+down no claim waits for it: they are answered ``None`` at once. A connection
+is a probe: its scripts loaded and one claim written across two hash slots.
 Settlements that could not be written are kept (up to ``MAX_PENDING``) and
 written when it answers, so a claim made before an outage does not linger
 until its TTL.
@@ -48,28 +50,27 @@ from __future__ import annotations
 import hashlib
 import secrets
 import threading
-import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+import hiredis
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from dispatcher.config import redact_url
 from dispatcher.delivery.dedupe import CLAIMED, SETTLED
 from dispatcher.loop import Future, Loop, Timer
 from dispatcher.observe.logs import get_logger
 from dispatcher.observe.metrics import Metrics
+from dispatcher.store.redis_link import RedisLink, Reply, open_connection
 
 log = get_logger()
 
-CALL_TIMEOUT: Final = 0.5  # connect, send and answer of one batch
-ANSWER_BOUND: Final = 4 * CALL_TIMEOUT  # the engine's own limit on waiting for one
+CALL_TIMEOUT: Final = 0.5  # connect, and a batch's answer once written
+ANSWER_BOUND: Final = 4 * CALL_TIMEOUT  # a claim's wait for a connection
 PROBE_INTERVAL: Final = 1.0  # while down: how often to try again
 MAX_PENDING: Final = 100_000  # settlements kept across an outage
-_IDLE_WAKE: Final = 1.0
 # A round trip writes at most this many settlements (a backlog after an outage
 # goes in several), and one script call touches at most CHUNK keys: a Lua
 # script blocks the whole store while it runs, for every replica.
@@ -160,45 +161,50 @@ class _Settle:
     verdict: tuple[str, bytes] | None = None  # (its key, its bytes): kept for the window
 
 
+@dataclass(slots=True)
+class _Batch:
+    """Commands sent together, and where the claims' answers are among their replies."""
+
+    claims: list[_Claim]
+    settles: list[_Settle]
+    replies: int
+    first_claim: int  # the index of the first claim script's reply
+    claim_calls: int
+    deadline: float
+    got: list[Reply] = field(default_factory=list)
+
+
 class RedisClaims:
-    """One per service: the thread, the client and the health of the store."""
+    """One per service: the store's connection on the loop, and its health."""
 
     def __init__(self, url: str, loop: Loop, metrics: Metrics) -> None:
         self._url = url
         self._loop = loop
         self._metrics = metrics
         self._up_gauge = metrics.enable_dedupe_store()
-        self._client: Any = redis.Redis.from_url(
-            url,
-            socket_timeout=CALL_TIMEOUT,
-            socket_connect_timeout=CALL_TIMEOUT,
-            retry=Retry(NoBackoff(), 0),  # the timeout is the bound: no silent second try
-            health_check_interval=0,
-        )
-        # Called by their digests: redis-py's Script objects would ask SCRIPT EXISTS
-        # on every pipeline, a second round trip per batch.
         self._shas = {_CLAIM: _sha1(_CLAIM), _SETTLE: _sha1(_SETTLE), _RENEW: _sha1(_RENEW)}
-        self._claims: deque[_Claim] = deque()
+        self._link: RedisLink | None = None
+        self._connecting = False
+        self._sent: deque[_Batch] = deque()  # written, replies awaited, oldest first
+        self._deadline: Timer | None = None
+        # Not sent yet: what the loop produced since the last hand-over (which the
+        # first of them schedules: it runs after every callback already ready),
+        # and settlements kept while the store is down.
+        self._claims: list[_Claim] = []
         self._settles: deque[_Settle] = deque()
         self._renews: list[_Renew] = []  # the latest renewal, not sent yet
-        # The loop's: every claim asked for and not settled, by key: (owner, TTL ms).
+        self._scheduled = False
+        # Every claim asked for and not settled, by key: (owner, TTL ms).
         self._live: dict[str, tuple[str, int]] = {}
         self._renewal: Timer | None = None
         self._dropping = False  # settlements past MAX_PENDING dropped since the store went
-        # What the loop produced since the last hand-over, which the first of
-        # them schedules (a callback runs after everything already ready).
-        self._new_claims: list[_Claim] = []
-        self._new_settles: list[_Settle] = []
-        self._scheduled = False
-        self._next_probe = 0.0  # the redis thread's: no probe before this (monotonic)
         self._probe_owner = f"probe:{secrets.token_hex(4)}"
-        self._ready = threading.Condition()
         self._closing = False
-        # Read by the loop thread without the lock: a stale value costs one
-        # claim answered from memory, or one that waits a call's timeout.
+        self._written: Future[None] | None = None  # close's: nothing left to write
+        # True until a call fails (and from the start, until the first connection
+        # does): claims are sent, or wait for the connection, bounded.
         self.up = True
         self._up_gauge.set(1)
-        self._thread = threading.Thread(target=self._run, name="redis-claims", daemon=True)
 
     # ----------------------------------------------------------------- the loop thread
 
@@ -213,10 +219,10 @@ class RedisClaims:
         self._live[key] = (owner, ttl_ms)  # renewed until settled, answered or not
         if self._renewal is None:
             self._renewal = self._loop.call_later(ttl / 3, self._renew)
-        if not self.up:
+        if not self.up or self._closing:
             future.resolve(None)
             return future
-        self._new_claims.append(_Claim(key, owner, ttl_ms, future, verdict_key))
+        self._claims.append(_Claim(key, owner, ttl_ms, future, verdict_key))
         self._schedule()
         return future
 
@@ -234,30 +240,21 @@ class RedisClaims:
         if live is not None and live[0] == owner:
             del self._live[key]
         window_ms = max(1, round(window * 1000))
-        self._new_settles.append(_Settle(key, owner, settled, window_ms, verdict))
+        self._settles.append(_Settle(key, owner, settled, window_ms, verdict))
         self._schedule()
 
     def _renew(self) -> None:
-        """On the loop, every third of the shortest live TTL while claims live: hand
-        every live claim over to be written again (the latest renewal replaces one
-        not sent yet: the store is down, or behind)."""
+        """Every third of the shortest live TTL while claims live: every live claim
+        written again (the latest renewal replaces one not sent yet)."""
         self._renewal = None
         if not self._live:
             return
-        renews = [_Renew(key, owner, ttl) for key, (owner, ttl) in self._live.items()]
-        with self._ready:
-            self._renews = renews
-            self._ready.notify()
+        self._renews = [_Renew(key, owner, ttl) for key, (owner, ttl) in self._live.items()]
+        self._schedule()
         shortest = min(ttl for _owner, ttl in self._live.values())
         self._renewal = self._loop.call_later(max(0.1, shortest / 3000), self._renew)
 
-    def _forget(self, claims: list[tuple[str, str]]) -> None:
-        for key, owner in claims:
-            live = self._live.get(key)
-            if live is not None and live[0] == owner:
-                del self._live[key]
-
-    def _renew_now(self, _arg: object = None) -> None:
+    def _renew_now(self) -> None:
         """The store answers again: what was claimed meanwhile is written now."""
         if self._renewal is not None:
             self._renewal.cancel()
@@ -269,198 +266,141 @@ class RedisClaims:
             self._loop.call_soon(self._hand_over)
 
     def _hand_over(self) -> None:
+        """Everything queued, to the store as one write (or to wait for it)."""
         self._scheduled = False
-        if not (self._new_claims or self._new_settles):
-            return
-        if self._new_claims:
-            unanswered = [(claim.future, None) for claim in self._new_claims]
-            self._loop.call_later(ANSWER_BOUND, _resolve_all, unanswered)  # first answer wins
-        with self._ready:
-            self._claims.extend(self._new_claims)
-            self._settles.extend(self._new_settles)
-            over = len(self._settles) - MAX_PENDING
-            for _ in range(over):
-                self._settles.popleft()  # oldest first: its claim is the nearest to expiring
-            self._ready.notify()
+        if self._link is not None:
+            while self._link is not None and (self._claims or self._settles or self._renews):
+                self._send()
+        else:
+            if self._claims and self.up:
+                # Waiting for the first connection: bounded by the loop, whatever
+                # holds the connection up (a name that never resolves).
+                waiting = list(self._claims)
+                self._loop.call_later(ANSWER_BOUND, self._unanswered, waiting)
+            self._keep_pending()
+        self._check_written()
+
+    def _keep_pending(self) -> None:
+        over = len(self._settles) - MAX_PENDING
+        for _ in range(over):
+            self._settles.popleft()  # oldest first: its claim is the nearest to expiring
         if over > 0 and not self._dropping:
             # Their events, redelivered to another replica, will not be found settled.
             self._dropping = True  # said once an outage (the store's return says it again)
             log.warning("dedupe store down too long: oldest settlements dropped", kept=MAX_PENDING)
-        self._new_claims = []
-        self._new_settles = []
 
-    # ----------------------------------------------------------------- lifecycle
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self, timeout: float) -> None:
-        """Write what is queued (bounded by ``timeout``), then stop. Claims still
-        unanswered get ``None``: every claim's future is resolved."""
-        loop_thread = self._loop.thread
-        if loop_thread is None or not loop_thread.is_alive():
-            self._hand_over()  # what the stopped loop produced last (its state, now idle)
-        if self._renewal is not None:
-            self._renewal.cancel()
-        with self._ready:
-            self._closing = True
-            self._ready.notify()
-        self._thread.join(timeout)
-        with self._ready:
-            left = list(self._claims)
-            self._claims.clear()
-        self._answer(left, None)
-        self._client.close()
-
-    # ----------------------------------------------------------------- the redis thread
-
-    def _run(self) -> None:
-        try:
-            self._try_probe()  # said now, not at the first delivery: the gauge tells the truth
-        except (redis.RedisError, OSError) as e:
-            self._failed(e)
-        while True:
-            claims: list[_Claim] = []
-            try:
-                claims, settles, renews, closing = self._take()
-                if claims or settles or renews:
-                    self._call(claims, settles, renews)
-                if closing:
-                    if not self.up or not self._pending():
-                        return  # all written, or the store is gone: nothing more will be
-                elif not self.up:
-                    self._probe()
-            except Exception as e:  # a bug must neither end the thread nor strand a claim
-                log.exception("dedupe store client error")
-                self._failed(e)
-                self._answer(claims, None)
-
-    def _take(self) -> tuple[list[_Claim], list[_Settle], list[_Renew], bool]:
-        with self._ready:
-            if self.up:
-                if not (self._claims or self._settles or self._renews or self._closing):
-                    self._ready.wait(_IDLE_WAKE)
-            else:
-                # Down: settlements wait for the store, and a ping per interval, not
-                # per settlement, looks for it (a busy engine queues thousands).
-                self._ready.wait_for(lambda: self._closing or bool(self._claims), PROBE_INTERVAL)
-            claims = list(self._claims)
-            self._claims.clear()
-            settles: list[_Settle] = []
-            while self.up and self._settles and len(settles) < MAX_SETTLES_PER_CALL:
-                settles.append(self._settles.popleft())
-            # While down a renewal is dropped: the next one, or the one the store's
-            # return asks for, carries every claim still live.
-            renews, self._renews = self._renews, []
-            return claims, settles, renews if self.up else [], self._closing
-
-    def _pending(self) -> bool:
-        with self._ready:
-            return bool(self._claims or self._settles)
-
-    def _call(self, claims: list[_Claim], settles: list[_Settle], renews: list[_Renew]) -> None:
-        if not self.up:
-            self._answer(claims, None)
-            return
-        try:
-            try:
-                results = self._send(claims, settles, renews)
-            except redis.exceptions.NoScriptError:
-                # A store restarted (or flushed its scripts): load them, once, and again.
-                for script in self._shas:
-                    self._client.script_load(script)
-                results = self._send(claims, settles, renews)
-        except (redis.RedisError, OSError) as e:
-            self._failed(e)
-            self._answer(claims, None)
-            with self._ready:
-                self._settles.extendleft(reversed(settles))  # again, once it answers
-            return
-        self._set_up(True)
-        if claims:
-            answers: list[tuple[Future[int | bytes | None], int | bytes | None]] = [
-                (c.future, found) for c, found in zip(claims, results, strict=True)
-            ]
-            self._loop.call_soon_threadsafe(_resolve_all, answers)
-            # Settled already: nothing of ours to keep alive (no settle follows).
-            done = [
-                (c.key, c.owner)
-                for c, found in zip(claims, results, strict=True)
-                if found == SETTLED
-            ]
-            if done:
-                self._loop.call_soon_threadsafe(self._forget, done)
-
-    def _send(
-        self, claims: list[_Claim], settles: list[_Settle], renews: list[_Renew]
-    ) -> list[int | bytes]:
-        """The claims' answers. Renewals go first: a claim settled since its renewal
-        was made is then settled after it, never written again over its release.
+    def _send(self) -> None:
+        """One batch written. Renewals go first: a claim settled since its renewal was
+        made is then settled after it, never written again over its release.
         Settlements go before claims: a retry in this process then finds its own
         earlier attempt released, not still holding the key. A verdict is written
         before the settlements: a claim released with one is never free without it."""
-        pipe = self._client.pipeline(transaction=False)
-        skip = self._calls(pipe, _RENEW, [(r.key, (r.owner, r.ttl_ms)) for r in renews])
+        assert self._link is not None
+        claims, self._claims = self._claims, []
+        taken = min(len(self._settles), MAX_SETTLES_PER_CALL)
+        settles = [self._settles.popleft() for _ in range(taken)]
+        renews, self._renews = self._renews, []
+        commands: list[tuple[Any, ...]] = []
+        self._calls(commands, _RENEW, [(r.key, (r.owner, r.ttl_ms)) for r in renews])
         for s in settles:
             if s.verdict is not None:
-                pipe.set(s.verdict[0], s.verdict[1], px=s.window_ms)
-                skip += 1
-        skip += self._calls(
-            pipe, _SETTLE, [(s.key, (s.owner, int(s.settled), s.window_ms)) for s in settles]
+                commands.append(("SET", s.verdict[0], s.verdict[1], "PX", s.window_ms))
+        self._calls(
+            commands, _SETTLE, [(s.key, (s.owner, int(s.settled), s.window_ms)) for s in settles]
         )
-        claimed = self._calls(pipe, _CLAIM, [(c.key, (c.owner, c.ttl_ms)) for c in claims])
+        first_claim = len(commands)
+        self._calls(commands, _CLAIM, [(c.key, (c.owner, c.ttl_ms)) for c in claims])
+        claim_calls = len(commands) - first_claim
         # Redeliveries' claims also read what an attempt left for them (rare: only
         # a redelivery asks, and only when this replica remembers nothing).
-        reading = [(i, c.verdict_key) for i, c in enumerate(claims) if c.verdict_key is not None]
-        for _index, verdict_key in reading:
-            pipe.get(verdict_key)
-        results: list[Any] = pipe.execute()
-        found: list[int | bytes] = [
-            int(answer) for answers in results[skip : skip + claimed] for answer in answers
-        ]
-        for (index, _key), verdict in zip(reading, results[skip + claimed :], strict=True):
-            if verdict is not None and found[index] == CLAIMED:
-                found[index] = bytes(verdict)
-        return found
+        commands += [("GET", c.verdict_key) for c in claims if c.verdict_key is not None]
+        deadline = self._loop.time() + CALL_TIMEOUT
+        batch = _Batch(claims, settles, len(commands), first_claim, claim_calls, deadline)
+        self._sent.append(batch)
+        if self._deadline is None:
+            self._deadline = self._loop.call_later(CALL_TIMEOUT, self._check_deadline)
+        self._link.send(commands)
 
-    def _calls(self, pipe: Any, script: str, keyed: list[tuple[str, tuple[object, ...]]]) -> int:
-        """``script`` on ``pipe`` for every (key, its arguments), ``CHUNK`` keys a
-        call; how many calls."""
+    def _calls(
+        self, commands: list[tuple[Any, ...]], script: str, keyed: list[tuple[str, tuple[Any, ...]]]
+    ) -> None:
+        """``script`` for every (key, its arguments), ``CHUNK`` keys a call."""
         for start in range(0, len(keyed), CHUNK):
             part = keyed[start : start + CHUNK]
             args = [value for _key, values in part for value in values]
-            pipe.evalsha(self._shas[script], len(part), *(key for key, _ in part), *args)
-        return -(-len(keyed) // CHUNK)
+            keys = [key for key, _values in part]
+            commands.append(("EVALSHA", self._shas[script], len(part), *keys, *args))
 
-    def _answer(self, claims: list[_Claim], value: int | None) -> None:
-        if claims:
-            answers: list[tuple[Future[int | bytes | None], int | bytes | None]] = [
-                (c.future, value) for c in claims
-            ]
-            self._loop.call_soon_threadsafe(_resolve_all, answers)
-
-    def _probe(self) -> None:
-        """A claim on a key of its own, not a PING: a store out of memory or read-only
-        answers PING and refuses the writes that matter. At most once per interval."""
-        if time.monotonic() < self._next_probe:
+    def _on_reply(self, reply: Reply) -> None:
+        batch = self._sent[0]
+        batch.got.append(reply)
+        if len(batch.got) < batch.replies:
             return
-        self._next_probe = time.monotonic() + PROBE_INTERVAL
-        try:
-            self._try_probe()
-        except (redis.RedisError, OSError):
+        self._sent.popleft()
+        error = next((r for r in batch.got if isinstance(r, hiredis.ReplyError)), None)
+        if error is not None:
+            # Refused, not lost: NOSCRIPT (scripts flushed), OOM, READONLY, CROSSSLOT.
+            self._sent.appendleft(batch)  # failed with the rest
+            self._failed(error)
             return
-        self._set_up(True)
+        self._answered(batch)
+        self._check_written()
 
-    def _try_probe(self) -> None:
-        """What a batch of claims needs of the store, tried once; raises what fails."""
-        args = [value for _key in PROBE_KEYS for value in (self._probe_owner, 1000)]
-        try:
-            self._client.evalsha(self._shas[_CLAIM], len(PROBE_KEYS), *PROBE_KEYS, *args)
-        except redis.exceptions.NoScriptError:
-            self._client.script_load(_CLAIM)  # a store restarted, or its scripts flushed
-            self._client.evalsha(self._shas[_CLAIM], len(PROBE_KEYS), *PROBE_KEYS, *args)
+    def _answered(self, batch: _Batch) -> None:
+        claims = batch.claims
+        if not claims:
+            return
+        answers = batch.got[batch.first_claim : batch.first_claim + batch.claim_calls]
+        found: list[int | bytes] = [int(answer) for part in answers for answer in part]
+        verdicts = iter(batch.got[batch.first_claim + batch.claim_calls :])
+        for index, claim in enumerate(claims):
+            if claim.verdict_key is not None:
+                verdict = next(verdicts)
+                if verdict is not None and found[index] == CLAIMED:
+                    found[index] = bytes(verdict)
+        for claim, answer in zip(claims, found, strict=True):
+            if answer == SETTLED:
+                live = self._live.get(claim.key)
+                if live is not None and live[0] == claim.owner:
+                    del self._live[claim.key]  # nothing of ours to keep alive: no settle follows
+            claim.future.resolve(answer)
+
+    def _check_deadline(self) -> None:
+        self._deadline = None
+        if not self._sent:
+            return
+        late = self._sent[0].deadline - self._loop.time()
+        if late <= 0:
+            self._failed(TimeoutError(f"no answer within {CALL_TIMEOUT}s"))
+        else:
+            self._deadline = self._loop.call_later(late, self._check_deadline)
+
+    def _unanswered(self, claims: list[_Claim]) -> None:
+        """Claims that waited ``ANSWER_BOUND`` for a connection: memory decides them,
+        and the store counts as down until a probe finds it."""
+        if [claim.future.resolve(None) for claim in claims].count(True):
+            self._claims = [c for c in self._claims if not c.future.done()]
+            if self._link is None and self.up:
+                self._failed(TimeoutError(f"no connection within {ANSWER_BOUND}s"))
+
+    # ----------------------------------------------------------------- health
 
     def _failed(self, error: Exception) -> None:
+        """A call failed, or the connection: claims in flight get None (memory
+        decides), their settlements are written once the store answers again."""
+        if self._link is not None:
+            link, self._link = self._link, None
+            link.close()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        sent, self._sent = self._sent, deque()
+        for batch in reversed(sent):
+            self._settles.extendleft(reversed(batch.settles))
+        waiting, self._claims = self._claims, []
+        for claim in [c for batch in sent for c in batch.claims] + waiting:
+            claim.future.resolve(None)
+        self._renews = []  # the store's return renews every live claim
         self._metrics.dedupe_store_errors.inc()
         if self.up:
             log.warning(
@@ -469,29 +409,141 @@ class RedisClaims:
                 error=f"{type(error).__name__}: {error}",
             )
         self._set_up(False)
-        self._next_probe = time.monotonic() + PROBE_INTERVAL
+        self._keep_pending()
+        self._check_written()
+        if not self._closing:
+            self._loop.call_later(PROBE_INTERVAL, self._connect)
+
+    def _lost(self, error: Exception) -> None:
+        self._link = None  # it closed itself
+        self._failed(error)
+
+    def _connect(self) -> None:
+        """Open a connection off the loop (the probe: a claim over two hash slots,
+        as a batch's are; not a PING, which a store out of memory or read-only
+        answers while it refuses the writes that matter)."""
+        if self._connecting or self._link is not None or self._closing:
+            return
+        self._connecting = True
+        threading.Thread(target=self._open, name="redis-connect", daemon=True).start()
+
+    def _open(self) -> None:
+        """On the connector thread: a connection, its scripts loaded, probed."""
+        try:
+            connection = open_connection(self._url, CALL_TIMEOUT)
+        except (redis.RedisError, OSError) as e:
+            self._loop.call_soon_threadsafe(self._not_opened, e)
+            return
+        try:
+            for script in self._shas:
+                connection.send_command("SCRIPT", "LOAD", script)
+                connection.read_response()
+            args = [value for _key in PROBE_KEYS for value in (self._probe_owner, 1000)]
+            probe = (self._shas[_CLAIM], len(PROBE_KEYS), *PROBE_KEYS, *args)
+            connection.send_command("EVALSHA", *probe)
+            connection.read_response()
+        except (redis.RedisError, OSError) as e:
+            connection.disconnect()
+            self._loop.call_soon_threadsafe(self._not_opened, e)
+            return
+        if not self._loop.call_soon_threadsafe(self._opened, connection):
+            connection.disconnect()  # the loop is gone
+
+    def _opened(self, connection: Any) -> None:
+        self._connecting = False
+        if self._closing:
+            connection.disconnect()
+            return
+        try:
+            self._link = RedisLink(self._loop, connection, self._on_reply, self._lost)
+        except OSError as e:
+            connection.disconnect()
+            self._not_opened(e)
+            return
+        self._set_up(True)
+        self._renew_now()
+        self._hand_over()
+
+    def _not_opened(self, error: Exception) -> None:
+        self._connecting = False
+        if self.up:
+            self._failed(error)  # says it once, and probes again
+        elif not self._closing:
+            self._loop.call_later(PROBE_INTERVAL, self._connect)
 
     def _set_up(self, up: bool) -> None:
         if up and not self.up:
-            with self._ready:
-                pending = len(self._settles)
             # Written next, before any new claim: said here, since a lost one is a duplicate.
             log.info(
                 "dedupe store available again",
                 store=redact_url(self._url),
-                pending_settlements=pending,
+                pending_settlements=len(self._settles),
             )
             self._dropping = False
-            self._loop.call_soon_threadsafe(self._renew_now, None)
         self.up = up
         self._up_gauge.set(1 if up else 0)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Connect now, not at the first delivery: the gauge tells the truth at once."""
+        self._connecting = True
+        threading.Thread(target=self._open, name="redis-connect", daemon=True).start()
+
+    def close(self, timeout: float) -> None:
+        """Write what is queued (bounded by ``timeout``), then close. Claims still
+        unanswered get ``None``: every claim's future is resolved. From any thread;
+        with the loop not running (and not closed), it runs the loop here to write."""
+        thread = self._loop.thread
+        if thread is not None and thread.is_alive() and not self._loop.on_loop_thread():
+            done = threading.Event()
+            if self._loop.call_soon_threadsafe(self._close_within, (timeout, done.set)):
+                done.wait(timeout + CALL_TIMEOUT)
+            return
+        finished: Future[None] = self._loop.create_future()
+        self._close_within((timeout, lambda: finished.resolve(None)))
+
+        async def written() -> None:
+            await finished
+
+        self._loop.run_until_complete(written())
+
+    def _close_within(self, args: tuple[float, Callable[[], object]]) -> None:
+        timeout, then = args
+        self._closing = True
+        if self._renewal is not None:
+            self._renewal.cancel()
+        written: Future[None] = self._loop.create_future()
+        bound = self._loop.call_later(timeout, written.resolve, None)
+
+        def shut(_none: None) -> None:
+            bound.cancel()
+            self._shut()
+            then()
+
+        written.on_done(shut)
+        self._written = written
+        self._hand_over()
+
+    def _check_written(self) -> None:
+        """At close: resolve ``_written`` once nothing is left to write (or the store
+        is gone: nothing more will be)."""
+        if self._written is not None and (
+            self._link is None or not (self._sent or self._settles or self._claims)
+        ):
+            self._written.resolve(None)
+
+    def _shut(self) -> None:
+        if self._link is not None:
+            link, self._link = self._link, None
+            link.close()
+        if self._deadline is not None:
+            self._deadline.cancel()
+        for claim in [c for batch in self._sent for c in batch.claims] + self._claims:
+            claim.future.resolve(None)
+        self._sent.clear()
+        self._claims = []
 
 
 def _sha1(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()  # how Redis names a script
-
-
-def _resolve_all(answers: list[tuple[Future[int | bytes | None], int | bytes | None]]) -> None:
-    """On the loop: one wake-up for a whole batch's answers, not one each."""
-    for future, answer in answers:
-        future.resolve(answer)

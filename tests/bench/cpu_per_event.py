@@ -5,7 +5,8 @@ N events pre-loaded, nginx answering 202 at once, one binding at the given
 parallelism; the CPU is the process's own (``/proc/<pid>/stat``) when its
 last delivery line is out, so the figure has no broker or subscriber in it.
 Start-up is left out of the CPU (it is taken when the consumer is attached),
-and each thread's share is printed. ``--sample-ratio`` turns tracing on.
+and each thread's share is printed. ``--sample-ratio`` turns tracing on, ``--store``
+the shared dedupe store.
 ``--checkout`` runs another tree's code (a worktree of an older commit) against
 the same broker and nginx, so two commits compare in one sitting:
 
@@ -31,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench import queues  # noqa: E402
+from tests.bench import payload, queues  # noqa: E402
 from tests.bench.harness import PYTHON  # noqa: E402
 from tests.bench.queues import URL  # noqa: E402
 from tests.bench.sinks import start_nginx  # noqa: E402
@@ -47,6 +48,15 @@ def main() -> int:
         type=float,
         help="tracing on, spans to nginx (/v1/traces answers 200), this share sampled",
     )
+    parser.add_argument(
+        "--store", help="a shared dedupe store (dedupe.store), e.g. redis://127.0.0.1:6379/0"
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="FILE",
+        help="run the service under py-spy, its samples (raw, per thread) to FILE",
+    )
     args = parser.parse_args()
     work = ROOT / ".bench" / "cpu-per-event"
     work.mkdir(parents=True, exist_ok=True)
@@ -55,7 +65,7 @@ def main() -> int:
     out = work / "dispatcher.log"
     try:
         queues.declare(queue)
-        queues.preload(queue, [f"e{n}" for n in range(args.events)])
+        queues.preload(queue, payload.event_ids(queue, args.events))  # new ids: the store knows none
         config = {
             "broker": {"url": URL},
             "http": {"listen": "127.0.0.1:0"},
@@ -69,6 +79,8 @@ def main() -> int:
                 }
             ],
         }
+        if args.store is not None:
+            config["dedupe"] = {"store": args.store}
         if args.sample_ratio is not None:
             endpoint = sink.url.rstrip("/")
             config["tracing"] = {
@@ -79,8 +91,12 @@ def main() -> int:
         (work / "dispatcher.yaml").write_text(yaml.safe_dump(config))
         started = time.monotonic()
         with out.open("w") as log:
+            command = [PYTHON, "-m", "dispatcher", "run", "--config", str(work / "dispatcher.yaml")]
+            if args.py_spy is not None:
+                spy = [str(Path(PYTHON).with_name("py-spy")), "record", "--threads", "--gil", "-r", "500", "-f", "raw", "-o"]
+                command = [*spy, str(args.py_spy.resolve()), "--", *command]
             proc = subprocess.Popen(
-                [PYTHON, "-m", "dispatcher", "run", "--config", str(work / "dispatcher.yaml")],
+                command,
                 cwd=args.checkout,
                 env={**os.environ, "PYTHONPATH": str(args.checkout)},
                 stdout=log,
@@ -90,7 +106,7 @@ def main() -> int:
             at_start = _when(proc, out, lambda text: "consumer attached" in text)
             _when(proc, out, lambda text: text.count('"outcome": "delivered"') >= args.events)
             elapsed = time.monotonic() - started
-            at_end = _threads(proc.pid)
+            at_end = _threads(_service(proc.pid))
         finally:
             proc.send_signal(2)
             proc.wait(30)
@@ -118,7 +134,13 @@ def _when(
         if proc.poll() is not None:
             raise SystemExit(f"dispatcher exited early:\n{out.read_text()[-2000:]}")
         time.sleep(0.05)
-    return _threads(proc.pid)
+    return _threads(_service(proc.pid))
+
+
+def _service(pid: int) -> int:
+    """The service's own process: ``pid``, or under py-spy its child."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(children[0]) if children else pid
 
 
 def _threads(pid: int) -> dict[int, float]:

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import redis
 
@@ -44,8 +44,9 @@ def binding_keys(binding: str, url: str = SHARED_URL) -> dict[str, str]:
 class RedisServer:
     """A ``redis-server`` of the test's own on a free port, no persistence."""
 
-    def __init__(self, cluster: bool = False) -> None:
-        """``cluster``: a Redis Cluster node (its slots left for the test to assign)."""
+    def __init__(self, cluster: bool = False, tls: Path | None = None) -> None:
+        """``cluster``: a Redis Cluster node (its slots left for the test to assign);
+        ``tls``: TLS only, with ``make_tls_material``'s files in that directory."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise AssertionError("redis-server is not installed (make test installs it: .ci/redis)")
@@ -60,11 +61,24 @@ class RedisServer:
             bus = str(free_port())
             self._options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
             self._options += ("--cluster-port", bus)
+        self.tls = tls
+        if tls is not None:
+            self._options += ("--port", "0", "--tls-port", str(self.port))
+            self._options += ("--tls-cert-file", str(tls / "server.pem"))
+            self._options += ("--tls-key-file", str(tls / "server.key"))
+            self._options += ("--tls-ca-cert-file", str(tls / "ca.pem"))
+            self._options += ("--tls-auth-clients", "no")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls / 'ca.pem'}"
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **options: Any) -> redis.Redis:
+        """A client of the test's own (plain or TLS, as the server is)."""
+        return redis.Redis.from_url(self.url, **options)  # type: ignore[no-any-return]
 
     def start(self) -> RedisServer:
         """Start (again, empty: nothing is saved) and wait until it answers."""
@@ -100,7 +114,7 @@ class RedisServer:
         )
 
     def answers(self) -> bool:
-        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = self.client(socket_timeout=0.5, socket_connect_timeout=0.5)
         try:
             return bool(client.ping())
         except (redis.RedisError, OSError):
@@ -122,7 +136,7 @@ class RedisServer:
         os.kill(self.proc.pid, signal.SIGCONT)
 
     def keys(self) -> dict[str, str]:
-        client = redis.Redis(port=self.port, socket_timeout=5, decode_responses=True)
+        client = self.client(socket_timeout=5, decode_responses=True)
         try:
             return {key: str(client.get(key)) for key in client.scan_iter(count=1000)}
         finally:

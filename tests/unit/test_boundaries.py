@@ -60,7 +60,7 @@ RULES: dict[str, Rule] = {
     "dispatcher.credentials": rule("config observe", "ssl"),
     "dispatcher.broker": rule("config credentials delivery event loop observe", "pika"),
     "dispatcher.http": rule("config credentials delivery event loop observe", "pycurl ssl"),
-    "dispatcher.store": rule("config delivery loop observe", "redis"),
+    "dispatcher.store": rule("config delivery loop observe", "redis hiredis ssl"),
     "dispatcher.ops": rule("observe"),
     "dispatcher.pipeline": rule("broker config delivery event observe", "pika"),
     # The process: signals for every command; the wiring may import anything.

@@ -38,29 +38,46 @@ def test_the_probe_spans_two_hash_slots_as_a_batch_does() -> None:
     assert len({key_slot(key.encode()) for key in PROBE_KEYS}) == 2
 
 
-def test_a_probe_whose_script_cannot_be_loaded_fails_quietly() -> None:
+def test_a_probe_whose_script_cannot_be_loaded_fails_quietly(monkeypatch) -> None:
     """``SCRIPT LOAD`` refused (an ACL without ``script``) or the connection lost
     between the probe's two calls: it was a traceback at error level every second."""
 
     class Refusing:
-        def evalsha(self, *_args: object) -> None:
-            raise redis.exceptions.NoScriptError("NOSCRIPT")
+        disconnected = False
 
-        def script_load(self, _script: str) -> None:
+        def send_command(self, *_args: object) -> None:
+            pass
+
+        def read_response(self) -> None:
             raise redis.exceptions.NoPermissionError("no permissions to run 'script|load'")
 
+        def disconnect(self) -> None:
+            self.disconnected = True
+
+    refusing = Refusing()
+    monkeypatch.setattr(
+        "dispatcher.store.redis_claims.open_connection", lambda _url, _timeout: refusing
+    )
     loop = Loop("test")
     try:
         claims = RedisClaims("redis://127.0.0.1:1/0", loop, Metrics())
-        claims._client = Refusing()
-        claims.up = False
-        claims._probe()  # raises nothing: the store stays down, probed again later
-        assert not claims.up
+        with structlog.testing.capture_logs() as logged:
+            claims._open()  # what the connector thread runs: raises nothing
+
+            async def nothing() -> None:
+                pass
+
+            loop.run_until_complete(nothing())  # one pass: the inbox holds its answer
+        assert not claims.up and refusing.disconnected
+        assert [(e["log_level"], e["event"]) for e in logged] == [
+            ("warning", "dedupe store unavailable; using this process's memory")
+        ]
+        assert "NoPermissionError" in logged[0]["error"]
     finally:
         loop.close()
 
 
-def test_actionss_past_the_bound_drop_the_oldest_and_say_so_once(monkeypatch) -> None:
+def test_settlements_past_the_bound_drop_the_oldest_and_say_so_once(monkeypatch) -> None:
     """A long outage under load: the oldest settlements go (their events, redelivered
     elsewhere, will not be found settled), which was said nowhere."""
     monkeypatch.setattr("dispatcher.store.redis_claims.MAX_PENDING", 3)
