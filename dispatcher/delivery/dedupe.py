@@ -55,6 +55,7 @@ from dispatcher.delivery.seams import Claim, ClaimStore, Found
 from dispatcher.delivery.verdicts import Verdict, VerdictMemory
 from dispatcher.delivery.waits import Waits
 from dispatcher.event.cloudevent import Key
+from dispatcher.loop import Future
 from dispatcher.observe import tracing
 from dispatcher.observe.logs import get_logger
 
@@ -196,9 +197,14 @@ class SharedDedupe:
 
     async def claim_first(self, key: Key, wait: float) -> Claim | Literal["busy"]:
         deadline = self._waits.time() + wait
-        claim = await self._local.claim_first(key, wait)
-        if not isinstance(claim, Claim):
-            return claim
+        # Every delivery comes here: the common case (nobody holds the key) is one
+        # awaited answer, the polls only when another replica holds it.
+        claim = self._local.claim(key)
+        if claim is None:  # another attempt here holds it: wait for that first
+            found = await self._local.claim_first(key, wait)
+            if not isinstance(found, Claim):
+                return found
+            claim = found
         # Claimed in the store so that a redelivery elsewhere waits for this attempt.
         # Held by another replica's attempt: either the publisher sent the event
         # twice, or this message's channel died and the broker has already
@@ -206,7 +212,8 @@ class SharedDedupe:
         # wait for that attempt to end. Then a publisher's duplicate is delivered
         # all the same, and the handler sends nothing for a message whose channel
         # is gone (``Received.channel``).
-        if await self._poll(claim, deadline) == HELD:
+        asked = self._shared_claim(claim, False)
+        if await asked == HELD and await self._poll(claim, deadline, asked=asked) == HELD:
             log.info("first delivery held by another replica past its claim", ce_id=key[1])
         return claim
 
@@ -235,7 +242,11 @@ class SharedDedupe:
         return found
 
     async def _poll(
-        self, claim: Claim, deadline: float, read_verdict: bool = False
+        self,
+        claim: Claim,
+        deadline: float,
+        read_verdict: bool = False,
+        asked: Future[int | bytes | None] | None = None,
     ) -> int | bytes | None:
         """Claim in the store; while another replica's attempt holds the key, wait
         for it to settle, be released or expire, polling. HELD if it still holds it
@@ -244,11 +255,14 @@ class SharedDedupe:
         with it (bytes: claimed, and that verdict).
 
         Once another owner was seen, a store that stops answering is not a licence
-        to send: that owner may still be at it, so the polls go on."""
+        to send: that owner may still be at it, so the polls go on. ``asked``: the
+        first claim, already made."""
         pause = FIRST_POLL
         held_elsewhere = False
+        if asked is None:
+            asked = self._shared_claim(claim, read_verdict)
         while True:
-            answer = await self._shared_claim(claim, read_verdict)
+            answer = await asked
             if answer in (CLAIMED, SETTLED) or isinstance(answer, bytes):
                 return answer
             if answer is None and not held_elsewhere:
@@ -260,6 +274,7 @@ class SharedDedupe:
             if left <= 0 or not await self._waits.sleep(min(pause, left)):
                 return HELD
             pause = min(pause * 2, MAX_POLL)
+            asked = self._shared_claim(claim, read_verdict)
 
     def release(self, claim: Claim, settled: bool, verdict: Verdict | None = None) -> None:
         self._local.release(claim, settled, verdict)
@@ -270,7 +285,7 @@ class SharedDedupe:
                 left = (_verdict_key(store_key), verdicts.encode(verdict))
             self._store.settle(store_key, owner, settled, self._window, left)
 
-    async def _shared_claim(self, claim: Claim, read_verdict: bool) -> int | bytes | None:
+    def _shared_claim(self, claim: Claim, read_verdict: bool) -> Future[int | bytes | None]:
         # One owner value per claim, kept whatever the answer: a call that timed out
         # may still have been applied, and then the claim is ours to settle or
         # release (the scripts change a key only for its owner), and a later poll
@@ -279,8 +294,8 @@ class SharedDedupe:
             claim.shared = (self._store_key(claim.key), f"{self._owner}{next(self._serial)}")
         store_key, owner = claim.shared
         verdict_key = _verdict_key(store_key) if read_verdict else None
-        # No timer here: the store answers every claim within its ANSWER_BOUND.
-        return await self._store.claim(store_key, owner, self._ttl, verdict_key)
+        # No timer here: the store answers every claim within its bounds.
+        return self._store.claim(store_key, owner, self._ttl, verdict_key)
 
     def _store_key(self, key: Key) -> str:
         source, event_id = key
