@@ -332,6 +332,13 @@ class RedisClaims:
             commands.append(("EVALSHA", self._shas[script], len(part), *keys, *args))
 
     def _on_reply(self, reply: Reply) -> None:
+        try:
+            self._take_reply(reply)
+        except Exception as e:  # a bug must not strand a claim: memory decides them
+            log.exception("dedupe store client error")
+            self._failed(e)
+
+    def _take_reply(self, reply: Reply) -> None:
         batch = self._sent[0]
         batch.got.append(reply)
         if len(batch.got) < batch.replies:

@@ -65,7 +65,8 @@ def main() -> int:
     out = work / "dispatcher.log"
     try:
         queues.declare(queue)
-        queues.preload(queue, payload.event_ids(queue, args.events))  # new ids: the store knows none
+        # Ids of this run's own: a store that knew them would answer "settled".
+        queues.preload(queue, payload.event_ids(queue, args.events))
         config = {
             "broker": {"url": URL},
             "http": {"listen": "127.0.0.1:0"},
@@ -93,8 +94,9 @@ def main() -> int:
         with out.open("w") as log:
             command = [PYTHON, "-m", "dispatcher", "run", "--config", str(work / "dispatcher.yaml")]
             if args.py_spy is not None:
-                spy = [str(Path(PYTHON).with_name("py-spy")), "record", "--threads", "--gil", "-r", "500", "-f", "raw", "-o"]
-                command = [*spy, str(args.py_spy.resolve()), "--", *command]
+                spy = [str(Path(PYTHON).with_name("py-spy")), "record", "--threads", "--gil"]
+                out_file = str(args.py_spy.resolve())
+                command = [*spy, "-r", "500", "-f", "raw", "-o", out_file, "--", *command]
             proc = subprocess.Popen(
                 command,
                 cwd=args.checkout,

@@ -104,6 +104,13 @@ def _dispatcher_prefetch(launch: Launch, index: int) -> list[str]:
     return _dispatcher(replace(launch, binding={**launch.binding, **prefetch}), index)
 
 
+def _dispatcher_store_prefetch(launch: Launch, index: int) -> list[str]:
+    """The store, and room in prefetch for the claim's round trip (issue 44: does the
+    store cost CPU, or a round of waiting for each event?)."""
+    prefetch = {"prefetch": 2 * launch.parallelism}
+    return _dispatcher_store(replace(launch, binding={**launch.binding, **prefetch}), index)
+
+
 def _dispatcher_traced(ratio: float) -> Callable[[Launch, int], list[str]]:
     """Tracing on, exporting to the subscriber's nginx (``/v1/traces`` answers 200):
     ``ratio`` 1 samples every message, 0 none (every one pays the decision only)."""
@@ -180,6 +187,11 @@ DISPATCHER_STORE: Final = Contender(
 DISPATCHER_PREFETCH: Final = Contender(
     "dispatcher-prefetch", "dispatcher run, prefetch 2x parallelism", _dispatcher_prefetch
 )
+DISPATCHER_STORE_PREFETCH: Final = Contender(
+    "dispatcher-store-prefetch",
+    "dispatcher run, dedupe store, prefetch 2x parallelism",
+    _dispatcher_store_prefetch,
+)
 DISPATCHER_TRACED: Final = Contender(
     "dispatcher-traced", "dispatcher run, tracing, every message sampled", _dispatcher_traced(1.0)
 )
@@ -210,6 +222,7 @@ KEYS: Final = (
     "dispatcher-cesql",
     "dispatcher-store",
     "dispatcher-prefetch",
+    "dispatcher-store-prefetch",
     "dispatcher-traced",
     "dispatcher-unsampled",
     "a",

@@ -3,7 +3,7 @@
 | | events | parallelism | subscriber | contenders |
 |---|---|---|---|---|
 | W1 | 20k pre-loaded | 50 | nginx, 202 at once | all six; ours + filter, store, prefetch, tracing |
-| W2 | 1,000 msg/s for 30 s | 50 | asyncio, 202 at once | dispatcher, (a), (b), pika floor |
+| W2 | 1,000 msg/s for 30 s | 50 | asyncio, 202 at once | ours (+store), (a), (b), (c), pika |
 | W3 | 5k pre-loaded ((a): 200) | 100 | asyncio, 202 after 100 ms | consumers + HTTP ceilings |
 | W4 | 200k pre-loaded ((a): 20k) | 100 | nginx | dispatcher, (b), (a) |
 | W5 | 20k pre-loaded | 50 per process | nginx | dispatcher x1 vs x2 |
@@ -26,6 +26,7 @@ from tests.bench.lineup import (
     DISPATCHER_FILTERED,
     DISPATCHER_PREFETCH,
     DISPATCHER_STORE,
+    DISPATCHER_STORE_PREFETCH,
     DISPATCHER_TRACED,
     DISPATCHER_UNSAMPLED,
     DISPATCHER_X2,
@@ -104,6 +105,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
             DISPATCHER_CESQL,
             DISPATCHER_STORE,
             DISPATCHER_PREFETCH,
+            DISPATCHER_STORE_PREFETCH,
             DISPATCHER_TRACED,
             DISPATCHER_UNSAMPLED,
             *lineup[1:],
@@ -123,7 +125,7 @@ def catalogue(quick: bool) -> dict[str, Workload]:
         "W2",
         f"steady publishing at 1,000 msg/s for {steady_seconds} s, asyncio subscriber "
         "(202 at once); latency = publish to subscriber receipt",
-        (DISPATCHER, PIKA_HTTPX, AIOPIKA_AIOHTTP, GO_PEER, PIKA_AUTOACK),
+        (DISPATCHER, DISPATCHER_STORE, PIKA_HTTPX, AIOPIKA_AIOHTTP, GO_PEER, PIKA_AUTOACK),
         events=1_000 * steady_seconds,
         parallelism=50,
         sink="asyncio",
