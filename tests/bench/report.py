@@ -211,5 +211,39 @@ def targets(results: Results, publisher_alone: float | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def store_targets(results: Results) -> str:
+    """Issue 44's: what the shared dedupe store costs, W1 with it against W1 without
+    (ratios within this one run), and the latency its claim adds at W2's rate."""
+    d, store = "dispatcher run", "dispatcher run, dedupe store in Redis"
+
+    def of(workload: str, pick: Callable[[Result], float], label: str) -> float:
+        return _median(results, workload, label, pick)
+
+    rate = of("W1", _rate, store) / of("W1", _rate, d)
+    cpu = of("W1", lambda r: r.cpu_per_1k, store) / of("W1", lambda r: r.cpu_per_1k, d)
+    lines = [
+        "### The shared dedupe store (issue 44), this run",
+        "",
+        "| target | wanted | measured | met |",
+        "|---|---|---|---|",
+    ]
+    for name, wanted, value, met in (
+        ("W1 msg/s with the store vs without", ">= 0.95x", rate, rate >= 0.95),
+        ("W1 CPU s / 1k events with the store vs without", "<= 1.10x", cpu, cpu <= 1.10),
+    ):
+        shown = "not run" if math.isnan(value) else f"{value:,.3f}"
+        verdict = "" if math.isnan(value) else "yes" if met else "**no**"
+        lines.append(f"| {name} | {wanted} | {shown} | {verdict} |")
+    for q in (0.5, 0.99):
+
+        def at(result: Result, q: float = q) -> float:
+            return result.latency(q)
+
+        added = of("W2", at, store) - of("W2", at, d)
+        shown = "not run" if math.isnan(added) else f"{added:+,.2f} ms"
+        lines.append(f"| W2 latency the claim adds, p{round(q * 100)} | reported | {shown} | |")
+    return "\n".join(lines) + "\n"
+
+
 def _rate(result: Result) -> float:
     return result.msg_s

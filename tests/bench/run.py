@@ -112,7 +112,7 @@ def run_suite(workloads: list[Workload], sections: list[str]) -> None:
             )
         sections.append(section)
         print(section, flush=True)
-    summary = report.targets(everything, alone)
+    summary = report.targets(everything, alone) + "\n" + report.store_targets(everything)
     sections.append(summary)
     print(summary, flush=True)
 
