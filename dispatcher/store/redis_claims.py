@@ -136,29 +136,16 @@ return 0
 """
 
 
-@dataclass(slots=True)
-class _Claim:
-    key: str
-    owner: str
-    ttl_ms: int
-    future: Future[int | bytes | None]
-    verdict_key: str | None = None  # read with the claim (a redelivery's)
-
-
-@dataclass(slots=True)
-class _Renew:
-    key: str
-    owner: str
-    ttl_ms: int
-
-
-@dataclass(slots=True)
-class _Settle:
-    key: str
-    owner: str
-    settled: bool
-    window_ms: int
-    verdict: tuple[str, bytes] | None = None  # (its key, its bytes): kept for the window
+# What waits to be sent, as plain tuples: one is made for every claim and every
+# settlement, and a dataclass's __init__ is a Python call, a microsecond of the
+# few the store may cost an event.
+# A claim: (key, owner, TTL ms, its answer, the key of the verdict to read with it
+# (a redelivery's) or None).
+_Claim = tuple[str, str, int, Future[int | bytes | None], str | None]
+# A settlement: (key, owner, settled, window ms, the verdict left for the window as
+# (its key, its bytes) or None).
+_Settle = tuple[str, str, bool, int, tuple[str, bytes] | None]
+_Renew = tuple[str, str, int]  # (key, owner, TTL ms)
 
 
 @dataclass(slots=True)
@@ -196,6 +183,7 @@ class RedisClaims:
         self._scheduled = False
         # Every claim asked for and not settled, by key: (owner, TTL ms).
         self._live: dict[str, tuple[str, int]] = {}
+        self._ms: dict[float, int] = {}  # seconds -> milliseconds, as Redis takes them
         self._renewal: Timer | None = None
         self._dropping = False  # settlements past MAX_PENDING dropped since the store went
         self._probe_owner = f"probe:{secrets.token_hex(4)}"
@@ -214,15 +202,15 @@ class RedisClaims:
         """1: claimed for ``owner``; 2: settled; 0: another owner holds it; None:
         the store did not answer (resolved at once while it is known to be down).
         With ``verdict_key``: claimed, and the verdict found there (bytes)."""
-        future: Future[int | bytes | None] = self._loop.create_future()
-        ttl_ms = max(1, round(ttl * 1000))
+        future: Future[int | bytes | None] = Future(self._loop)
+        ttl_ms = self._ms.get(ttl) or self._to_ms(ttl)
         self._live[key] = (owner, ttl_ms)  # renewed until settled, answered or not
         if self._renewal is None:
             self._renewal = self._loop.call_later(ttl / 3, self._renew)
         if not self.up or self._closing:
             future.resolve(None)
             return future
-        self._claims.append(_Claim(key, owner, ttl_ms, future, verdict_key))
+        self._claims.append((key, owner, ttl_ms, future, verdict_key))
         self._schedule()
         return future
 
@@ -239,9 +227,14 @@ class RedisClaims:
         live = self._live.get(key)
         if live is not None and live[0] == owner:
             del self._live[key]
-        window_ms = max(1, round(window * 1000))
-        self._settles.append(_Settle(key, owner, settled, window_ms, verdict))
+        window_ms = self._ms.get(window) or self._to_ms(window)
+        self._settles.append((key, owner, settled, window_ms, verdict))
         self._schedule()
+
+    def _to_ms(self, seconds: float) -> int:
+        """Milliseconds for Redis, remembered: a binding has a TTL and a window."""
+        ms = self._ms[seconds] = max(1, round(seconds * 1000))
+        return ms
 
     def _renew(self) -> None:
         """Every third of the shortest live TTL while claims live: every live claim
@@ -249,7 +242,7 @@ class RedisClaims:
         self._renewal = None
         if not self._live:
             return
-        self._renews = [_Renew(key, owner, ttl) for key, (owner, ttl) in self._live.items()]
+        self._renews = [(key, owner, ttl) for key, (owner, ttl) in self._live.items()]
         self._schedule()
         shortest = min(ttl for _owner, ttl in self._live.values())
         self._renewal = self._loop.call_later(max(0.1, shortest / 3000), self._renew)
@@ -301,19 +294,27 @@ class RedisClaims:
         settles = [self._settles.popleft() for _ in range(taken)]
         renews, self._renews = self._renews, []
         commands: list[tuple[Any, ...]] = []
-        self._calls(commands, _RENEW, [(r.key, (r.owner, r.ttl_ms)) for r in renews])
-        for s in settles:
-            if s.verdict is not None:
-                commands.append(("SET", s.verdict[0], s.verdict[1], "PX", s.window_ms))
-        self._calls(
-            commands, _SETTLE, [(s.key, (s.owner, int(s.settled), s.window_ms)) for s in settles]
-        )
+        if renews:
+            args = [value for _key, owner, ttl_ms in renews for value in (owner, ttl_ms)]
+            self._calls(commands, _RENEW, [key for key, *_rest in renews], args, 2)
+        if settles:
+            for _key, _owner, _settled, window_ms, verdict in settles:
+                if verdict is not None:
+                    commands.append(("SET", verdict[0], verdict[1], "PX", window_ms))
+            args = [
+                value
+                for _key, owner, settled, window_ms, _verdict in settles
+                for value in (owner, 1 if settled else 0, window_ms)
+            ]
+            self._calls(commands, _SETTLE, [s[0] for s in settles], args, 3)
         first_claim = len(commands)
-        self._calls(commands, _CLAIM, [(c.key, (c.owner, c.ttl_ms)) for c in claims])
+        if claims:
+            args = [value for _key, owner, ttl, _future, _read in claims for value in (owner, ttl)]
+            self._calls(commands, _CLAIM, [c[0] for c in claims], args, 2)
         claim_calls = len(commands) - first_claim
         # Redeliveries' claims also read what an attempt left for them (rare: only
         # a redelivery asks, and only when this replica remembers nothing).
-        commands += [("GET", c.verdict_key) for c in claims if c.verdict_key is not None]
+        commands += [("GET", c[4]) for c in claims if c[4] is not None]
         deadline = self._loop.time() + CALL_TIMEOUT
         batch = _Batch(claims, settles, len(commands), first_claim, claim_calls, deadline)
         self._sent.append(batch)
@@ -322,14 +323,20 @@ class RedisClaims:
         self._link.send(commands)
 
     def _calls(
-        self, commands: list[tuple[Any, ...]], script: str, keyed: list[tuple[str, tuple[Any, ...]]]
+        self,
+        commands: list[tuple[Any, ...]],
+        script: str,
+        keys: list[str],
+        args: list[Any],
+        per_key: int,
     ) -> None:
-        """``script`` for every (key, its arguments), ``CHUNK`` keys a call."""
-        for start in range(0, len(keyed), CHUNK):
-            part = keyed[start : start + CHUNK]
-            args = [value for _key, values in part for value in values]
-            keys = [key for key, _values in part]
-            commands.append(("EVALSHA", self._shas[script], len(part), *keys, *args))
+        """``script`` over ``keys`` and their arguments (``per_key`` each), ``CHUNK``
+        keys a call."""
+        sha = self._shas[script]
+        for start in range(0, len(keys), CHUNK):
+            part = keys[start : start + CHUNK]
+            mine = args[start * per_key : (start + len(part)) * per_key]
+            commands.append(("EVALSHA", sha, len(part), *part, *mine))
 
     def _on_reply(self, reply: Reply) -> None:
         try:
@@ -358,19 +365,19 @@ class RedisClaims:
         if not claims:
             return
         answers = batch.got[batch.first_claim : batch.first_claim + batch.claim_calls]
-        found: list[int | bytes] = [int(answer) for part in answers for answer in part]
-        verdicts = iter(batch.got[batch.first_claim + batch.claim_calls :])
-        for index, claim in enumerate(claims):
-            if claim.verdict_key is not None:
-                verdict = next(verdicts)
-                if verdict is not None and found[index] == CLAIMED:
-                    found[index] = bytes(verdict)
-        for claim, answer in zip(claims, found, strict=True):
-            if answer == SETTLED:
-                live = self._live.get(claim.key)
-                if live is not None and live[0] == claim.owner:
-                    del self._live[claim.key]  # nothing of ours to keep alive: no settle follows
-            claim.future.resolve(answer)
+        found: list[int | bytes] = [answer for part in answers for answer in part]
+        if len(batch.got) > batch.first_claim + batch.claim_calls:
+            verdicts = iter(batch.got[batch.first_claim + batch.claim_calls :])
+            for index, claim in enumerate(claims):
+                if claim[4] is not None:
+                    verdict = next(verdicts)
+                    if verdict is not None and found[index] == CLAIMED:
+                        found[index] = bytes(verdict)
+        live = self._live
+        for (key, owner, _ttl_ms, future, _read), answer in zip(claims, found, strict=True):
+            if answer == SETTLED and live.get(key, ("",))[0] == owner:
+                del live[key]  # nothing of ours to keep alive: no settle follows
+            future.resolve(answer)
 
     def _check_deadline(self) -> None:
         self._deadline = None
@@ -385,8 +392,8 @@ class RedisClaims:
     def _unanswered(self, claims: list[_Claim]) -> None:
         """Claims that waited ``ANSWER_BOUND`` for a connection: memory decides them,
         and the store counts as down until a probe finds it."""
-        if [claim.future.resolve(None) for claim in claims].count(True):
-            self._claims = [c for c in self._claims if not c.future.done()]
+        if [claim[3].resolve(None) for claim in claims].count(True):
+            self._claims = [c for c in self._claims if not c[3].done()]
             if self._link is None and self.up:
                 self._failed(TimeoutError(f"no connection within {ANSWER_BOUND}s"))
 
@@ -406,7 +413,7 @@ class RedisClaims:
             self._settles.extendleft(reversed(batch.settles))
         waiting, self._claims = self._claims, []
         for claim in [c for batch in sent for c in batch.claims] + waiting:
-            claim.future.resolve(None)
+            claim[3].resolve(None)
         self._renews = []  # the store's return renews every live claim
         self._metrics.dedupe_store_errors.inc()
         if self.up:
@@ -547,7 +554,7 @@ class RedisClaims:
         if self._deadline is not None:
             self._deadline.cancel()
         for claim in [c for batch in self._sent for c in batch.claims] + self._claims:
-            claim.future.resolve(None)
+            claim[3].resolve(None)
         self._sent.clear()
         self._claims = []
 

@@ -90,7 +90,7 @@ def test_settlements_past_the_bound_drop_the_oldest_and_say_so_once(monkeypatch)
             claims._hand_over()
             claims.settle("k5", "owner", True, 60.0)
             claims._hand_over()
-        assert [s.key for s in claims._settles] == ["k3", "k4", "k5"]
+        assert [key for key, *_rest in claims._settles] == ["k3", "k4", "k5"]
         said = [e for e in logged if e["log_level"] == "warning"]
         assert [e["event"] for e in said] == [
             "dedupe store down too long: oldest settlements dropped"
