@@ -8,6 +8,9 @@ connection the loop drives (``redis_link``), and the replies are read when
 they arrive, by the loop, which resolves the claims' futures itself. Batches
 follow one another without waiting for the replies of the last: Redis answers
 in order. So the store costs a few microseconds per delivery and no thread.
+A settlement is not awaited: alone, it waits up to ``SETTLE_WITHIN`` for a
+claim's write to ride with (at a steady low rate, each event's settlement goes
+with the next event's claim: one write and one reply an event, not two).
 
 Keys are ``dispatcher:dedupe:<binding>:<digest of source and id>``; a value is
 ``c:<owner>`` while a delivery holds it (expiring with the claim's TTL, so a
@@ -71,6 +74,7 @@ CALL_TIMEOUT: Final = 0.5  # connect, and a batch's answer once written
 ANSWER_BOUND: Final = 4 * CALL_TIMEOUT  # a claim's wait for a connection
 PROBE_INTERVAL: Final = 1.0  # while down: how often to try again
 MAX_PENDING: Final = 100_000  # settlements kept across an outage
+SETTLE_WITHIN: Final = 0.005  # how long a settlement waits for a claim to ride with
 # A round trip writes at most this many settlements (a backlog after an outage
 # goes in several), and one script call touches at most CHUNK keys: a Lua
 # script blocks the whole store while it runs, for every replica.
@@ -181,6 +185,7 @@ class RedisClaims:
         self._settles: deque[_Settle] = deque()
         self._renews: list[_Renew] = []  # the latest renewal, not sent yet
         self._scheduled = False
+        self._settle_timer: Timer | None = None  # settlements alone: written by then
         # Every claim asked for and not settled, by key: (owner, TTL ms).
         self._live: dict[str, tuple[str, int]] = {}
         self._ms: dict[float, int] = {}  # seconds -> milliseconds, as Redis takes them
@@ -229,7 +234,12 @@ class RedisClaims:
             del self._live[key]
         window_ms = self._ms.get(window) or self._to_ms(window)
         self._settles.append((key, owner, settled, window_ms, verdict))
-        self._schedule()
+        if not self._scheduled and self._settle_timer is None:
+            # It rides with the next claim's write if one comes soon: at a steady
+            # low rate a write and a reply of their own for each settlement cost
+            # more CPU than the claim's. Nothing waits for it meanwhile: a
+            # redelivery elsewhere finds the claim and polls.
+            self._settle_timer = self._loop.call_later(SETTLE_WITHIN, self._hand_over)
 
     def _to_ms(self, seconds: float) -> int:
         """Milliseconds for Redis, remembered: a binding has a TTL and a window."""
@@ -261,6 +271,9 @@ class RedisClaims:
     def _hand_over(self) -> None:
         """Everything queued, to the store as one write (or to wait for it)."""
         self._scheduled = False
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
         if self._link is not None:
             while self._link is not None and (self._claims or self._settles or self._renews):
                 self._send()
@@ -548,6 +561,8 @@ class RedisClaims:
             self._written.resolve(None)
 
     def _shut(self) -> None:
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
         if self._link is not None:
             link, self._link = self._link, None
             link.close()
