@@ -405,16 +405,14 @@ class RedisClaims:
     def _unanswered(self, claims: list[_Claim]) -> None:
         """Claims that waited ``ANSWER_BOUND`` for a connection: memory decides them,
         and the store counts as down until a probe finds it."""
-        if [claim[3].resolve(None) for claim in claims].count(True):
-            self._claims = [c for c in self._claims if not c[3].done()]
-            if self._link is None and self.up:
-                self._failed(TimeoutError(f"no connection within {ANSWER_BOUND}s"))
+        if self._link is None and self.up and any(not claim[3].done() for claim in claims):
+            self._failed(TimeoutError(f"no connection within {ANSWER_BOUND}s"))
 
     # ----------------------------------------------------------------- health
 
-    def _failed(self, error: Exception) -> None:
-        """A call failed, or the connection: claims in flight get None (memory
-        decides), their settlements are written once the store answers again."""
+    def _disconnect(self) -> deque[_Batch]:
+        """Close the connection (if any); every claim not answered yet gets None
+        (memory decides it). What was in flight, for its settlements."""
         if self._link is not None:
             link, self._link = self._link, None
             link.close()
@@ -422,11 +420,16 @@ class RedisClaims:
             self._deadline.cancel()
             self._deadline = None
         sent, self._sent = self._sent, deque()
-        for batch in reversed(sent):
-            self._settles.extendleft(reversed(batch.settles))
         waiting, self._claims = self._claims, []
         for claim in [c for batch in sent for c in batch.claims] + waiting:
             claim[3].resolve(None)
+        return sent
+
+    def _failed(self, error: Exception) -> None:
+        """A call failed, or the connection: claims in flight get None (memory
+        decides), their settlements are written once the store answers again."""
+        for batch in reversed(self._disconnect()):
+            self._settles.extendleft(reversed(batch.settles))
         self._renews = []  # the store's return renews every live claim
         self._metrics.dedupe_store_errors.inc()
         if self.up:
@@ -514,8 +517,7 @@ class RedisClaims:
 
     def start(self) -> None:
         """Connect now, not at the first delivery: the gauge tells the truth at once."""
-        self._connecting = True
-        threading.Thread(target=self._open, name="redis-connect", daemon=True).start()
+        self._connect()
 
     def close(self, timeout: float) -> None:
         """Write what is queued (bounded by ``timeout``), then close. Claims still
@@ -563,15 +565,7 @@ class RedisClaims:
     def _shut(self) -> None:
         if self._settle_timer is not None:
             self._settle_timer.cancel()
-        if self._link is not None:
-            link, self._link = self._link, None
-            link.close()
-        if self._deadline is not None:
-            self._deadline.cancel()
-        for claim in [c for batch in self._sent for c in batch.claims] + self._claims:
-            claim[3].resolve(None)
-        self._sent.clear()
-        self._claims = []
+        self._disconnect()
 
 
 def _sha1(script: str) -> str:
