@@ -294,6 +294,33 @@ def test_a_paused_store_answers_within_the_call_timeout(loop, replicas, server) 
     assert a.metrics.value("dispatcher_dedupe_store_errors_total") >= 1
 
 
+def test_a_paused_store_never_holds_the_loop(loop, replicas, server) -> None:
+    """FIELD-NOTES invariant 4: the loop drives the store's socket, and heartbeats
+    and acks share the loop. A store that takes the claim and never answers must
+    not stop anything else on it: a blocking read would hold it for the call's
+    timeout."""
+    a = replicas(server.url)
+    assert isinstance(run(loop, a.dedupe.claim_first(("/orders", "first"), 30.0)), Claim)
+    server.pause()
+    ticks: list[float] = []
+
+    async def tick_while_claiming() -> Any:
+        task = loop.spawn(a.dedupe.claim_first(KEY, 30.0))
+        waits = Waits(loop)
+        while not task.finished.done():
+            before = time.monotonic()
+            await waits.sleep(0.01)
+            ticks.append(time.monotonic() - before)
+        return await task.finished
+
+    try:
+        claim = run(loop, tick_while_claiming())
+    finally:
+        server.resume()
+    assert isinstance(claim, Claim)  # memory decided it once the call timed out
+    assert len(ticks) >= 10 and max(ticks) < 0.8 * CALL_TIMEOUT, ticks
+
+
 def test_a_store_restarted_empty_takes_claims_again(loop, replicas, server) -> None:
     a = replicas(server.url)
     first = run(loop, a.dedupe.claim_first(KEY, 30.0))
@@ -439,7 +466,8 @@ def test_a_service_whose_store_is_down_is_ready_and_delivers(run_service, make_s
 
 def test_a_tls_store_takes_claims_and_settlements(loop, replicas, tmp_path) -> None:
     """rediss://: the loop writes and reads the TLS connection itself, without
-    blocking. 3,000 claims at once are one write larger than a socket takes at once."""
+    blocking; 3,000 claims at once are one write of some 300 KB, and 3,000
+    settlements another."""
     server = RedisServer(tls=make_tls_material(tmp_path)).start()
     try:
         a, b = replicas(server.url), replicas(server.url)
