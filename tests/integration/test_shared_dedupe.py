@@ -497,7 +497,8 @@ def test_the_store_is_called_per_batch_not_per_event(loop, replicas) -> None:
     try:
         a = replicas(server.url)
         assert isinstance(run(loop, a.dedupe.claim_first(("/orders", "first"), 30.0)), Claim)
-        server.client().config_resetstat()  # connected; from here on, the load's calls
+        with server.client() as admin:
+            admin.config_resetstat()  # connected; from here on, the load's calls
         keys = [("/orders", f"rt-{n}") for n in range(2000)]
 
         async def deliver_all() -> None:
@@ -509,7 +510,8 @@ def test_the_store_is_called_per_batch_not_per_event(loop, replicas) -> None:
 
         run(loop, deliver_all())
         a.close()  # every settlement written
-        calls = server.client().info("commandstats")["cmdstat_evalsha"]["calls"]
+        with server.client() as admin:
+            calls = admin.info("commandstats")["cmdstat_evalsha"]["calls"]
         assert list(server.keys().values()).count("s") == len(keys)
         # 500 keys a call: 4 for the claims, 4 for the settlements (and the first's).
         assert calls <= 9, f"{calls} script calls for {len(keys)} events"
